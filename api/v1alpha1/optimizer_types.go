@@ -1,0 +1,280 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Protocol of an optimized port.
+// +kubebuilder:validation:Enum=http;grpc;tcp
+type Protocol string
+
+const (
+	ProtocolHTTP Protocol = "http"
+	ProtocolGRPC Protocol = "grpc"
+	ProtocolTCP  Protocol = "tcp"
+)
+
+// RoutingMode says which routing objects the operator manages.
+// +kubebuilder:validation:Enum=virtual_service;none
+type RoutingMode string
+
+const (
+	// RoutingVirtualService: the operator owns a VirtualService that sends the
+	// mesh's traffic for the Kubernetes Service host to the optimized host.
+	RoutingVirtualService RoutingMode = "virtual_service"
+	// RoutingNone: only the ServiceEntry and DestinationRule are written; users
+	// route to the optimized host themselves.
+	RoutingNone RoutingMode = "none"
+)
+
+// ServicePort selects one port of the Service to optimize.
+type ServicePort struct {
+	// number is the Service port number.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Number int32 `json:"number"`
+
+	// protocol of the port. When empty it is taken from the Service port's
+	// appProtocol, else from its name prefix (http-, grpc-, ...), else tcp.
+	// +optional
+	Protocol Protocol `json:"protocol,omitempty"`
+
+	// targetPort overrides the port the pods listen on. A name is resolved
+	// through the EndpointSlice ports. Defaults to the Service's targetPort.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	TargetPort *intstr.IntOrString `json:"targetPort,omitempty"`
+}
+
+// Optimization tunes the weight engine. Every field has an operator-wide
+// default (a manager flag); set a field here to override it for one Service.
+type Optimization struct {
+	// cycle is how often weights are recomputed.
+	// +optional
+	Cycle *metav1.Duration `json:"cycle,omitempty"`
+
+	// query_window is the range of the rate() in the default queries.
+	// +optional
+	QueryWindow *metav1.Duration `json:"query_window,omitempty"`
+
+	// dead_band_percent: a weight that would move by less than this percent
+	// is left alone, so noise causes no ServiceEntry writes.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=50
+	// +optional
+	DeadBandPercent *int32 `json:"dead_band_percent,omitempty"`
+
+	// max_step_percent bounds how far one weight may move in one cycle.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	MaxStepPercent *int32 `json:"max_step_percent,omitempty"`
+
+	// max_weight_ratio keeps every weight within [mean/ratio, mean*ratio].
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MaxWeightRatio *int32 `json:"max_weight_ratio,omitempty"`
+
+	// smoothing_percent is the share of a new capacity estimate in the
+	// running estimate (100 = no smoothing).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	SmoothingPercent *int32 `json:"smoothing_percent,omitempty"`
+
+	// min_cpu_millicores: when the pods use less CPU than this on average,
+	// weights are held (nothing to learn at low load).
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MinCPUMillicores *int32 `json:"min_cpu_millicores,omitempty"`
+
+	// slow_start ramps the weight of a new pod up over this duration.
+	// +optional
+	SlowStart *metav1.Duration `json:"slow_start,omitempty"`
+
+	// weight_expiry is how long the last good weights are held while the
+	// metrics backend fails; after it, weights fall back to equal.
+	// +optional
+	WeightExpiry *metav1.Duration `json:"weight_expiry,omitempty"`
+
+	// share_by_hardware pools capacity estimates of pods on the same node
+	// instance type, so a new pod on known hardware starts near its weight.
+	// +optional
+	ShareByHardware *bool `json:"share_by_hardware,omitempty"`
+
+	// cpu_query overrides the PromQL template of per-pod CPU usage (cores).
+	// Go text/template with .Namespace, .Service, .Pods (a regex of pod
+	// names, escaped), .Window. The result must carry a "pod" label.
+	// +optional
+	CPUQuery string `json:"cpu_query,omitempty"`
+
+	// request_query overrides the PromQL template of per-pod request rates
+	// (requests per second), same variables as cpu_query. Set to "-" to use
+	// CPU only.
+	// +optional
+	RequestQuery string `json:"request_query,omitempty"`
+}
+
+// IstioAdaptiveRequestOptimizerSpec is what the user asks for.
+// +kubebuilder:validation:XValidation:rule="!has(self.service_ports) || self.service_ports.all(p, self.service_ports.exists_one(q, q.number == p.number))",message="service_ports numbers must be unique"
+type IstioAdaptiveRequestOptimizerSpec struct {
+	// service_name is the Service to optimize.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	ServiceName string `json:"service_name"`
+
+	// service_namespace is the Service's namespace; defaults to the
+	// optimizer's own namespace.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	ServiceNamespace string `json:"service_namespace,omitempty"`
+
+	// locality_enabled turns on Istio locality load balancing (with outlier
+	// detection) for the optimized host. Endpoints carry their locality
+	// either way.
+	// +optional
+	LocalityEnabled bool `json:"locality_enabled,omitempty"`
+
+	// service_ports lists the ports to optimize; empty means all ports.
+	// +optional
+	// +kubebuilder:validation:MaxItems=100
+	ServicePorts []ServicePort `json:"service_ports,omitempty"`
+
+	// host is the optimized host of the ServiceEntry. Defaults to
+	// <service>.<namespace>.adaptive.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Host string `json:"host,omitempty"`
+
+	// routing_mode: virtual_service (default) sends the mesh's traffic for the
+	// Service to the optimized host; none writes no VirtualService.
+	// +optional
+	RoutingMode RoutingMode `json:"routing_mode,omitempty"`
+
+	// dry_run computes and publishes weights (status, metrics) but does not
+	// write them into the ServiceEntry.
+	// +optional
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// optimization tunes the weight engine.
+	// +optional
+	Optimization *Optimization `json:"optimization,omitempty"`
+}
+
+// OwnedObjects names the Istio objects the operator writes for this optimizer.
+type OwnedObjects struct {
+	Namespace       string `json:"namespace,omitempty"`
+	ServiceEntry    string `json:"serviceEntry,omitempty"`
+	VirtualService  string `json:"virtualService,omitempty"`
+	DestinationRule string `json:"destinationRule,omitempty"`
+}
+
+// EndpointWeight is one pod's weight, as computed (and in dry run not applied).
+type EndpointWeight struct {
+	Pod      string `json:"pod"`
+	Address  string `json:"address"`
+	Locality string `json:"locality,omitempty"`
+	Weight   uint32 `json:"weight"`
+}
+
+// IstioAdaptiveRequestOptimizerStatus is what the operator observed and did.
+type IstioAdaptiveRequestOptimizerStatus struct {
+	// observedGeneration is the spec generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Ready, Reconciling, Stalled, Degraded.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// host is the optimized host.
+	// +optional
+	Host string `json:"host,omitempty"`
+
+	// endpoints is the number of ready pods in the ServiceEntry.
+	// +optional
+	Endpoints int32 `json:"endpoints,omitempty"`
+
+	// ownedObjects names the objects the operator writes.
+	// +optional
+	OwnedObjects OwnedObjects `json:"ownedObjects,omitempty"`
+
+	// lastOptimizationTime is when weights were last computed.
+	// +optional
+	LastOptimizationTime *metav1.Time `json:"lastOptimizationTime,omitempty"`
+
+	// weightSpread is max weight / min weight, as a decimal string.
+	// +optional
+	WeightSpread string `json:"weightSpread,omitempty"`
+
+	// weights are the last computed weights (always in dry run).
+	// +optional
+	Weights []EndpointWeight `json:"weights,omitempty"`
+}
+
+// IstioAdaptiveRequestOptimizer mirrors a Service's ready pods into a weighted
+// Istio ServiceEntry and keeps the weights proportional to pod capacity.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=iaro;optimizer
+// +kubebuilder:printcolumn:name="Service",type=string,JSONPath=`.spec.service_name`
+// +kubebuilder:printcolumn:name="Host",type=string,JSONPath=`.status.host`
+// +kubebuilder:printcolumn:name="Endpoints",type=integer,JSONPath=`.status.endpoints`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type IstioAdaptiveRequestOptimizer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   IstioAdaptiveRequestOptimizerSpec   `json:"spec,omitempty"`
+	Status IstioAdaptiveRequestOptimizerStatus `json:"status,omitempty"`
+}
+
+// IstioAdaptiveRequestOptimizerList is a list of optimizers.
+// +kubebuilder:object:root=true
+type IstioAdaptiveRequestOptimizerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []IstioAdaptiveRequestOptimizer `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&IstioAdaptiveRequestOptimizer{}, &IstioAdaptiveRequestOptimizerList{})
+}
+
+// Condition types.
+const (
+	ConditionReady       = "Ready"
+	ConditionReconciling = "Reconciling"
+	ConditionStalled     = "Stalled"
+	ConditionDegraded    = "Degraded"
+)
+
+// TargetNamespace is the namespace of the Service to optimize.
+func (o *IstioAdaptiveRequestOptimizer) TargetNamespace() string {
+	if o.Spec.ServiceNamespace != "" {
+		return o.Spec.ServiceNamespace
+	}
+	return o.Namespace
+}
+
+// OptimizedHost is the host of the ServiceEntry.
+func (o *IstioAdaptiveRequestOptimizer) OptimizedHost() string {
+	if o.Spec.Host != "" {
+		return o.Spec.Host
+	}
+	return o.Spec.ServiceName + "." + o.TargetNamespace() + ".adaptive"
+}
+
+// Routing is the effective routing mode.
+func (o *IstioAdaptiveRequestOptimizer) Routing() RoutingMode {
+	if o.Spec.RoutingMode == "" {
+		return RoutingVirtualService
+	}
+	return o.Spec.RoutingMode
+}

@@ -1,0 +1,75 @@
+// Package weights turns per-pod load signals into integer endpoint weights
+// proportional to each pod's estimated capacity. It is pure: no I/O, time is
+// injected, results are deterministic and independent of input order.
+package weights
+
+import "time"
+
+// Params tunes the engine. DefaultParams returns values that work.
+type Params struct {
+	// QueryWindow is the range of the rate() that produced the signals; the
+	// engine averages the weights each pod held over it.
+	QueryWindow time.Duration
+	// DeadBand is the relative change (0.05 = 5%) below which a weight is not updated.
+	DeadBand float64
+	// MaxStep bounds the relative move of one weight in one cycle (1.0 = may double or halve).
+	MaxStep float64
+	// MaxRatio keeps every weight within [mean/MaxRatio, mean*MaxRatio].
+	MaxRatio float64
+	// Smoothing is the share of a new capacity estimate in the running estimate (1 = none).
+	Smoothing float64
+	// MinCPU (cores per pod, mean over pods): below it weights are held.
+	MinCPU float64
+	// SlowStart ramps a new pod's weight over this duration (0 = off).
+	SlowStart time.Duration
+	// Expiry: after the last good observation, failed queries hold the last
+	// weights this long, then weights fall back to equal.
+	Expiry time.Duration
+	// PoolByHardware shares capacity estimates between pods of one HardwareClass.
+	PoolByHardware bool
+	// MeanWeight is the mean weight the engine scales to.
+	MeanWeight uint32
+}
+
+// Pod is one endpoint of the current endpoint set.
+type Pod struct {
+	Name          string    // stable key (pod name)
+	Locality      string    // region/zone/subzone
+	HardwareClass string    // node instance type, "" when unknown
+	ReadySince    time.Time // when the pod became ready; zero = long ago
+}
+
+// Signal is what the metrics backend said about one pod over the query window.
+// A NaN field means "no data".
+type Signal struct {
+	CPU      float64 // cores (rate of CPU seconds)
+	Requests float64 // requests per second served
+}
+
+// Observation is one cycle's query result.
+type Observation struct {
+	Time    time.Time
+	Err     error             // non-nil: the whole query failed
+	Signals map[string]Signal // by Pod.Name; missing pods have no data
+}
+
+// Mode says what the engine did this cycle.
+type Mode string
+
+const (
+	ModeOptimizing Mode = "Optimizing" // weights follow capacity estimates
+	ModeSteady     Mode = "Steady"     // estimates inside the dead band; nothing moved
+	ModeLowLoad    Mode = "LowLoad"    // too little CPU to learn from; weights held
+	ModeHolding    Mode = "Holding"    // query failed; last good weights held
+	ModeFallback   Mode = "Fallback"   // failures past Expiry; equal weights
+	ModeNoData     Mode = "NoData"     // query succeeded but no pod had data
+)
+
+// Result is one cycle's outcome.
+type Result struct {
+	Weights  map[string]uint32  // by Pod.Name, every pod of the set, each >= 1
+	Changed  bool               // a weight moved past the dead band, or the set changed
+	Mode     Mode
+	Capacity map[string]float64 // current capacity estimate per pod (relative units)
+	Message  string             // human-readable explanation for status
+}
