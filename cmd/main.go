@@ -1,0 +1,169 @@
+// Command manager runs the Istio adaptive weight optimizer: it mirrors the
+// ready pods of opted-in Services into weighted Istio ServiceEntries and keeps
+// the weights proportional to each pod's measured capacity.
+package main
+
+import (
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/go-logr/zapr"
+	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/controllers"
+	"github.com/liorfranko/istio-adaptive-least-request/metrics"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the manager's flags.
+type options struct {
+	metricsAddr       string
+	secureMetrics     bool
+	probeAddr         string
+	leaderElect       bool
+	leaderElectionNS  string
+	watchNamespaces   string
+	clusterDomain     string
+	prometheusURL     string
+	controllerOptions controllers.Options
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error) {
+	o := &options{}
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "Address of the metrics endpoint (:8443 for HTTPS, :8080 for HTTP, 0 to disable).")
+	fs.BoolVar(&o.secureMetrics, "metrics-secure", true, "Serve metrics over HTTPS with authentication and authorization (TokenReview/SubjectAccessReview).")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the health and readiness probes.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect a leader so that only one replica writes.")
+	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader election lease (default: the manager's own).")
+	fs.StringVar(&o.watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches the whole cluster.")
+	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "DNS domain of the cluster, used in Kubernetes Service hosts.")
+	fs.StringVar(&o.prometheusURL, "prometheus-url", "", "URL of a Prometheus-compatible query API (Prometheus, VictoriaMetrics, Thanos, Mimir), path prefix included.")
+	fs.StringVar(&o.prometheusURL, "vmdb-url", "", "Alias of --prometheus-url, for users of the original operator.")
+	o.controllerOptions.BindFlags(fs)
+	zo := &zap.Options{Development: false}
+	zo.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	return o, zo, o.controllerOptions.Validate()
+}
+
+func run() error {
+	ctrlFlags := flag.NewFlagSet("manager", flag.ContinueOnError)
+	// --kubeconfig is controller-runtime's flag; KUBECONFIG works too.
+	ctrlFlagsWithKubeconfig(ctrlFlags)
+	o, zo, err := parseFlags(ctrlFlags, os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	zl := zap.NewRaw(zap.UseFlagOptions(zo))
+	logger := zapr.NewLogger(zl)
+	ctrl.SetLogger(logger)
+
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, istionet.AddToScheme, optv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return err
+		}
+	}
+
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("load kubeconfig (set --kubeconfig or KUBECONFIG, or run in a cluster): %w", err)
+	}
+
+	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.secureMetrics}
+	if o.secureMetrics {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+		// HTTP/2 is off: it is exposed to the HTTP/2 Rapid Reset and Stream
+		// Cancellation CVEs and the metrics endpoint does not need it.
+		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
+	}
+
+	cacheOpts := cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			// Only a few fields of Pods and Nodes are read; dropping the rest
+			// keeps the cache small in large clusters.
+			&corev1.Pod{}:  {Transform: controllers.TrimPod},
+			&corev1.Node{}: {Transform: controllers.TrimNode},
+		},
+	}
+	if o.watchNamespaces != "" {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range strings.Split(o.watchNamespaces, ",") {
+			if ns = strings.TrimSpace(ns); ns != "" {
+				cacheOpts.DefaultNamespaces[ns] = cache.Config{}
+			}
+		}
+		// Nodes are cluster-scoped.
+		cacheOpts.ByObject[&corev1.Node{}] = cache.ByObject{Transform: controllers.TrimNode, Namespaces: map[string]cache.Config{cache.AllNamespaces: {}}}
+	}
+
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsOpts,
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              "istio-adaptive-optimizer.optimization.liorfranko.github.io",
+		LeaderElectionNamespace:       o.leaderElectionNS,
+		LeaderElectionReleaseOnCancel: true,
+		Cache:                         cacheOpts,
+	})
+	if err != nil {
+		return fmt.Errorf("create manager: %w", err)
+	}
+
+	m := metrics.New()
+	if err := m.Register(crmetrics.Registry); err != nil {
+		return fmt.Errorf("register metrics: %w", err)
+	}
+	ctx := ctrl.SetupSignalHandler()
+	if err := controllers.Setup(ctx, mgr, controllers.Dependencies{
+		Clock:         clock.RealClock{},
+		Metrics:       m,
+		ClusterDomain: o.clusterDomain,
+		PrometheusURL: o.prometheusURL,
+		Options:       o.controllerOptions,
+	}); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	logger.Info("Starting manager", "prometheusURL", o.prometheusURL, "watchNamespaces", o.watchNamespaces)
+	return mgr.Start(ctx)
+}
+
+func ctrlFlagsWithKubeconfig(fs *flag.FlagSet) {
+	config.RegisterFlags(fs)
+}

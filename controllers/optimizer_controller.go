@@ -1,0 +1,400 @@
+// Package controllers holds the operator's reconcilers. They are thin: they
+// read the cluster, call the pure packages (internal/desired for objects,
+// internal/weights for weights) and apply the result.
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/metrics"
+)
+
+const (
+	// FieldManager is the one server-side-apply field manager of the operator.
+	FieldManager = "istio-adaptive-optimizer"
+	// Finalizer deletes the owned objects when the optimizer is deleted.
+	Finalizer = "optimization.liorfranko.github.io/cleanup"
+
+	mirrorControllerName = "optimizer.mirror"
+)
+
+// MirrorReconciler mirrors a Service's ready pods into the optimized
+// ServiceEntry and keeps the routing objects next to it.
+type MirrorReconciler struct {
+	Client        client.Client
+	Scheme        *runtime.Scheme
+	Recorder      events.EventRecorder
+	Clock         clock.PassiveClock
+	Metrics       *metrics.Metrics
+	Weights       *WeightBook
+	ClusterDomain string
+	MaxConcurrent int
+}
+
+// +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=services;pods;nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
+// +kubebuilder:rbac:groups=networking.istio.io,resources=serviceentries;destinationrules;virtualservices,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile brings the owned Istio objects of one optimizer in line with the
+// cluster. Status is written once, at the end, and only when it changed.
+func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+	opt := &optv1.IstioAdaptiveRequestOptimizer{}
+	if err := r.Client.Get(ctx, req.NamespacedName, opt); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Weights.Forget(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("get optimizer: %w", err)
+	}
+	if !opt.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.finalize(ctx, opt)
+	}
+	before := opt.Status.DeepCopy()
+	st := newStatus(opt)
+	defer func() {
+		st.apply(opt, r.Clock.Now())
+		if !equalStatus(before, &opt.Status) {
+			if uerr := r.Client.Status().Update(ctx, opt); uerr != nil && !apierrors.IsNotFound(uerr) {
+				err = errors.Join(err, fmt.Errorf("update status: %w", uerr))
+			}
+		}
+		if err != nil {
+			r.Metrics.ReconcileError(mirrorControllerName, errorType(err), opt.Name, opt.Namespace)
+		}
+	}()
+
+	if !controllerutil.ContainsFinalizer(opt, Finalizer) {
+		// Owned objects live in the Service's namespace, where owner
+		// references cannot reach from another namespace; and a cluster
+		// without a garbage collector would keep them. The finalizer deletes
+		// them explicitly either way.
+		patch := client.MergeFrom(opt.DeepCopy())
+		controllerutil.AddFinalizer(opt, Finalizer)
+		if err := r.Client.Patch(ctx, opt, patch); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
+		}
+	}
+
+	in, live, err := r.read(ctx, opt)
+	if err != nil {
+		st.failed("ReadFailed", err.Error())
+		return ctrl.Result{}, err
+	}
+	in.Weights = r.Weights.Known(req.NamespacedName)
+	res := desired.Compute(in)
+	st.host = res.Host
+	st.owned = optv1.OwnedObjects{Namespace: res.Namespace, ServiceEntry: res.Name, DestinationRule: res.Name}
+	if res.VirtualService != nil {
+		st.owned.VirtualService = res.Name
+	}
+
+	for _, p := range res.Problems {
+		if p.Fatal {
+			// Nothing is written and nothing live is deleted: the last
+			// good routing stays in place until the problem is fixed.
+			st.stalled(p.Reason, p.Message)
+			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", p.Message)
+			return ctrl.Result{}, nil
+		}
+		st.degraded(p.Reason, p.Message)
+	}
+	if msg := live.conflicts(opt, res); msg != "" {
+		st.stalled("ObjectConflict", msg)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "ObjectConflict", "Reconcile", msg)
+		return ctrl.Result{}, nil
+	}
+	if res.VirtualService != nil {
+		if others := live.otherVirtualServices; len(others) > 0 && live.vs == nil {
+			msg := fmt.Sprintf("VirtualService %s already routes %s; the operator writes no VirtualService of its own. "+
+				"Point that route's destination host at %s to use the optimized weights, or set routing_mode: none",
+				others[0], res.KubernetesHost, res.Host)
+			st.degraded("VirtualServiceConflict", msg)
+			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", msg)
+			res.VirtualService = nil
+			st.owned.VirtualService = ""
+		}
+	}
+
+	if err := r.apply(ctx, opt, res, live); err != nil {
+		st.failed("ApplyFailed", err.Error())
+		return ctrl.Result{}, err
+	}
+	r.Weights.Applied(req.NamespacedName, r.Clock.Now(), res.Endpoints)
+	st.endpoints = int32(len(res.Endpoints))
+	r.publish(opt, res)
+	return ctrl.Result{}, nil
+}
+
+// liveObjects are the objects that exist now.
+type liveObjects struct {
+	se                   *istionet.ServiceEntry
+	dr                   *istionet.DestinationRule
+	vs                   *istionet.VirtualService
+	otherVirtualServices []string // namespace/name of VirtualServices of others for the host
+}
+
+// conflicts names an object of our name that someone else owns.
+func (l liveObjects) conflicts(opt *optv1.IstioAdaptiveRequestOptimizer, res desired.Result) string {
+	check := func(kind string, obj metav1.Object) string {
+		if obj == nil || desired.IsOwnedBy(obj, opt) {
+			return ""
+		}
+		owner := obj.GetLabels()[desired.LabelOptimizerNamespace] + "/" + obj.GetLabels()[desired.LabelOptimizerName]
+		if obj.GetLabels()[desired.LabelManagedBy] == desired.ManagedByValue {
+			return fmt.Sprintf("%s %s/%s belongs to optimizer %s, which already optimizes Service %s/%s",
+				kind, obj.GetNamespace(), obj.GetName(), owner, res.Namespace, opt.Spec.ServiceName)
+		}
+		return fmt.Sprintf("%s %s/%s exists and is not managed by this operator; it is left untouched. Delete or rename it to let the optimizer proceed",
+			kind, obj.GetNamespace(), obj.GetName())
+	}
+	for _, c := range []struct {
+		kind string
+		obj  metav1.Object
+	}{{"ServiceEntry", nilIfTyped(l.se)}, {"DestinationRule", nilIfTyped(l.dr)}, {"VirtualService", nilIfTyped(l.vs)}} {
+		if msg := check(c.kind, c.obj); msg != "" {
+			return msg
+		}
+	}
+	return ""
+}
+
+func nilIfTyped[T any, P interface {
+	*T
+	metav1.Object
+}](p P) metav1.Object {
+	if p == nil {
+		return nil
+	}
+	return p
+}
+
+// read gathers the inputs of desired.Compute and the live owned objects.
+func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer) (desired.Input, liveObjects, error) {
+	ns := opt.TargetNamespace()
+	in := desired.Input{Optimizer: opt, ClusterDomain: r.ClusterDomain, Pods: map[string]*corev1.Pod{}, Nodes: map[string]*corev1.Node{}}
+	var live liveObjects
+
+	svc := &corev1.Service{}
+	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: opt.Spec.ServiceName}, svc); {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return in, live, fmt.Errorf("get Service %s/%s: %w", ns, opt.Spec.ServiceName, err)
+	default:
+		in.Service = svc
+	}
+
+	slices := &discoveryv1.EndpointSliceList{}
+	if err := r.Client.List(ctx, slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: opt.Spec.ServiceName}); err != nil {
+		return in, live, fmt.Errorf("list EndpointSlices of %s/%s: %w", ns, opt.Spec.ServiceName, err)
+	}
+	in.Slices = slices.Items
+	for _, s := range slices.Items {
+		for _, e := range s.Endpoints {
+			if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
+				if _, seen := in.Pods[e.TargetRef.Name]; !seen {
+					pod := &corev1.Pod{}
+					if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: e.TargetRef.Name}, pod); err == nil {
+						in.Pods[pod.Name] = pod
+					} else if !apierrors.IsNotFound(err) {
+						return in, live, fmt.Errorf("get Pod %s/%s: %w", ns, e.TargetRef.Name, err)
+					}
+				}
+			}
+			node := ""
+			if e.NodeName != nil {
+				node = *e.NodeName
+			} else if e.TargetRef != nil && in.Pods[e.TargetRef.Name] != nil {
+				node = in.Pods[e.TargetRef.Name].Spec.NodeName
+			}
+			if _, seen := in.Nodes[node]; node != "" && !seen {
+				n := &corev1.Node{}
+				if err := r.Client.Get(ctx, types.NamespacedName{Name: node}, n); err == nil {
+					in.Nodes[node] = n
+				} else if !apierrors.IsNotFound(err) {
+					return in, live, fmt.Errorf("get Node %s: %w", node, err)
+				}
+			}
+		}
+	}
+
+	name := types.NamespacedName{Namespace: ns, Name: desired.ObjectName(opt.Spec.ServiceName)}
+	var err error
+	if live.se, err = getOptional(ctx, r.Client, name, &istionet.ServiceEntry{}); err != nil {
+		return in, live, err
+	}
+	if live.dr, err = getOptional(ctx, r.Client, name, &istionet.DestinationRule{}); err != nil {
+		return in, live, err
+	}
+	if live.vs, err = getOptional(ctx, r.Client, name, &istionet.VirtualService{}); err != nil {
+		return in, live, err
+	}
+	in.LiveWeights = desired.LiveWeights(live.se)
+
+	if opt.Routing() == optv1.RoutingVirtualService {
+		vss := &istionet.VirtualServiceList{}
+		if err := r.Client.List(ctx, vss, client.MatchingFields{indexVirtualServiceHost: desired.KubernetesHost(opt.Spec.ServiceName, ns, r.ClusterDomain)}); err != nil {
+			return in, live, fmt.Errorf("list VirtualServices: %w", err)
+		}
+		for _, vs := range vss.Items {
+			if desired.IsOwnedBy(vs, opt) {
+				continue
+			}
+			if desired.ServesHost(vs, opt.Spec.ServiceName, ns, r.ClusterDomain) {
+				live.otherVirtualServices = append(live.otherVirtualServices, vs.Namespace+"/"+vs.Name)
+			}
+		}
+	}
+	return in, live, nil
+}
+
+func getOptional[T client.Object](ctx context.Context, c client.Client, key types.NamespacedName, obj T) (T, error) {
+	var zero T
+	if err := c.Get(ctx, key, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return zero, nil
+		}
+		return zero, fmt.Errorf("get %T %s: %w", obj, key, err)
+	}
+	return obj, nil
+}
+
+// apply server-side-applies each desired object that differs from what is
+// live; an object that is already right is not written (every write of an
+// Istio object is a mesh-wide xDS push).
+func (r *MirrorReconciler) apply(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, res desired.Result, live liveObjects) error {
+	sameNamespace := opt.TargetNamespace() == opt.Namespace
+	own := func(obj client.Object) error {
+		if !sameNamespace {
+			return nil
+		}
+		return controllerutil.SetControllerReference(opt, obj, r.Scheme)
+	}
+	type item struct {
+		kind     string
+		obj      client.Object
+		upToDate bool
+	}
+	var items []item
+	if err := own(res.ServiceEntry); err != nil {
+		return err
+	}
+	items = append(items, item{"ServiceEntry", res.ServiceEntry, live.se != nil && desired.UpToDate(res.ServiceEntry, live.se, &res.ServiceEntry.Spec, &live.se.Spec)})
+	if err := own(res.DestinationRule); err != nil {
+		return err
+	}
+	items = append(items, item{"DestinationRule", res.DestinationRule, live.dr != nil && desired.UpToDate(res.DestinationRule, live.dr, &res.DestinationRule.Spec, &live.dr.Spec)})
+	if res.VirtualService != nil {
+		if err := own(res.VirtualService); err != nil {
+			return err
+		}
+		items = append(items, item{"VirtualService", res.VirtualService, live.vs != nil && desired.UpToDate(res.VirtualService, live.vs, &res.VirtualService.Spec, &live.vs.Spec)})
+	}
+	// The ServiceEntry goes first and the VirtualService last, so traffic is
+	// only routed to the optimized host once it has endpoints.
+	for _, it := range items {
+		if it.upToDate {
+			continue
+		}
+		if err := r.serverSideApply(ctx, it.obj); err != nil {
+			return fmt.Errorf("apply %s %s/%s: %w", it.kind, it.obj.GetNamespace(), it.obj.GetName(), err)
+		}
+		r.Metrics.Writes.WithLabelValues(res.Namespace, opt.Spec.ServiceName, it.kind).Inc()
+		log.FromContext(ctx).Info("Applied owned object", "kind", it.kind, "object", client.ObjectKeyFromObject(it.obj))
+	}
+	if res.VirtualService == nil && live.vs != nil && desired.IsOwnedBy(live.vs, opt) && opt.Routing() == optv1.RoutingNone {
+		// The user switched to routing_mode none: our own VirtualService goes.
+		if err := r.Client.Delete(ctx, live.vs); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete VirtualService %s/%s: %w", live.vs.Namespace, live.vs.Name, err)
+		}
+	}
+	return nil
+}
+
+func (r *MirrorReconciler) serverSideApply(ctx context.Context, obj client.Object) error {
+	data, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	u := &unstructured.Unstructured{Object: data}
+	// Only the fields the operator means to own are sent.
+	unstructured.RemoveNestedField(u.Object, "status")
+	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+	return r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership)
+}
+
+// publish exports the per-pod series of the mirrored endpoints.
+func (r *MirrorReconciler) publish(opt *optv1.IstioAdaptiveRequestOptimizer, res desired.Result) {
+	samples := make([]metrics.PodSample, 0, len(res.Endpoints))
+	for _, ep := range res.Endpoints {
+		samples = append(samples, metrics.PodSample{Pod: ep.Pod, IP: ep.Address, Locality: ep.Locality, Weight: ep.Weight})
+	}
+	r.Metrics.SetPods(res.Namespace, opt.Spec.ServiceName, samples)
+	r.Metrics.ServiceEndpoints.WithLabelValues(res.Namespace, opt.Spec.ServiceName).Set(float64(len(res.Endpoints)))
+}
+
+// finalize removes owned objects in another namespace, then the finalizer.
+func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer) error {
+	key := client.ObjectKeyFromObject(opt)
+	if controllerutil.ContainsFinalizer(opt, Finalizer) {
+		name := types.NamespacedName{Namespace: opt.TargetNamespace(), Name: desired.ObjectName(opt.Spec.ServiceName)}
+		for _, obj := range []client.Object{&istionet.VirtualService{}, &istionet.DestinationRule{}, &istionet.ServiceEntry{}} {
+			if err := r.Client.Get(ctx, name, obj); err != nil {
+				if apierrors.IsNotFound(err) {
+					continue
+				}
+				return fmt.Errorf("get %T %s for cleanup: %w", obj, name, err)
+			}
+			if !desired.IsOwnedBy(obj, opt) {
+				continue
+			}
+			if err := r.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("delete %T %s: %w", obj, name, err)
+			}
+		}
+		patch := client.MergeFrom(opt.DeepCopy())
+		controllerutil.RemoveFinalizer(opt, Finalizer)
+		if err := r.Client.Patch(ctx, opt, patch); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("remove finalizer: %w", err)
+		}
+	}
+	r.Weights.Forget(key)
+	r.Metrics.ForgetService(opt.TargetNamespace(), opt.Spec.ServiceName)
+	return nil
+}
+
+func errorType(err error) string {
+	switch {
+	case apierrors.IsConflict(err):
+		return "conflict"
+	case apierrors.IsForbidden(err):
+		return "forbidden"
+	case apierrors.IsInvalid(err):
+		return "invalid"
+	case errors.Is(err, context.DeadlineExceeded), apierrors.IsTimeout(err), apierrors.IsServerTimeout(err):
+		return "timeout"
+	}
+	return "other"
+}

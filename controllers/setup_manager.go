@@ -1,0 +1,107 @@
+package controllers
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/liorfranko/istio-adaptive-least-request/metrics"
+)
+
+// Options are the operator-wide settings, bound to manager flags.
+type Options struct {
+	// MaxConcurrentReconciles of the mirror.
+	MaxConcurrentReconciles int
+}
+
+// BindFlags registers the options as flags.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Optimizers mirrored in parallel.")
+}
+
+// Validate reports nonsense settings.
+func (o *Options) Validate() error {
+	if o.MaxConcurrentReconciles < 1 {
+		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, got %d", o.MaxConcurrentReconciles)
+	}
+	return nil
+}
+
+// Dependencies are what the controllers need from the manager's main.
+type Dependencies struct {
+	Clock         clock.Clock
+	Metrics       *metrics.Metrics
+	ClusterDomain string
+	PrometheusURL string
+	Options       Options
+}
+
+// Setup registers every controller of the operator with the manager.
+func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
+	book := NewWeightBook()
+	mirror := &MirrorReconciler{
+		Client:        mgr.GetClient(),
+		Scheme:        mgr.GetScheme(),
+		Recorder:      mgr.GetEventRecorder(FieldManager),
+		Clock:         d.Clock,
+		Metrics:       d.Metrics,
+		Weights:       book,
+		ClusterDomain: d.ClusterDomain,
+		MaxConcurrent: d.Options.MaxConcurrentReconciles,
+	}
+	if err := mirror.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("set up mirror controller: %w", err)
+	}
+	return nil
+}
+
+// TrimPod keeps only the Pod fields the mirror reads, so the cache of every
+// Pod in the cluster stays small.
+func TrimPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	trimmed := &corev1.Pod{
+		TypeMeta: pod.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+			Labels: pod.Labels, DeletionTimestamp: pod.DeletionTimestamp,
+		},
+		Spec: corev1.PodSpec{ServiceAccountName: pod.Spec.ServiceAccountName, NodeName: pod.Spec.NodeName},
+	}
+	if v, ok := pod.Annotations["sidecar.istio.io/status"]; ok {
+		trimmed.Annotations = map[string]string{"sidecar.istio.io/status": v}
+	}
+	for _, c := range pod.Spec.Containers {
+		trimmed.Spec.Containers = append(trimmed.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports})
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == "istio-proxy" {
+			trimmed.Spec.InitContainers = append(trimmed.Spec.InitContainers, corev1.Container{Name: c.Name})
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			trimmed.Status.Conditions = append(trimmed.Status.Conditions, c)
+		}
+	}
+	return trimmed, nil
+}
+
+// TrimNode keeps only a Node's labels (topology and instance type).
+func TrimNode(obj any) (any, error) {
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{
+		TypeMeta:   node.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID, ResourceVersion: node.ResourceVersion, Labels: node.Labels},
+	}, nil
+}

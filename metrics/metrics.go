@@ -1,0 +1,192 @@
+// Package metrics defines the series the manager exports on its metrics
+// endpoint, next to controller-runtime's own. Names and labels of
+// endpoint_weight, reconciler_errors and query_latency are part of the
+// user's contract (dashboards and alerts depend on them).
+package metrics
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics holds the operator's series. Create one with New and register it.
+type Metrics struct {
+	EndpointWeight   *prometheus.GaugeVec
+	ReconcilerErrors *prometheus.CounterVec
+	QueryLatency     *prometheus.GaugeVec
+	QueryErrors      *prometheus.CounterVec
+	PodCPU           *prometheus.GaugeVec
+	PodRequestRate   *prometheus.GaugeVec
+	PodCapacity      *prometheus.GaugeVec
+	Cycles           *prometheus.CounterVec
+	Writes           *prometheus.CounterVec
+	Fallbacks        *prometheus.CounterVec
+	Mode             *prometheus.GaugeVec
+	WeightSpread     *prometheus.GaugeVec
+	ServiceEndpoints *prometheus.GaugeVec
+
+	mu sync.Mutex
+	// pods remembers, per service, which pod series exist so the series of a
+	// pod that is gone can be deleted instead of left stale.
+	pods map[serviceKey]map[podKey]struct{}
+}
+
+type serviceKey struct{ namespace, name string }
+
+type podKey struct{ pod, ip, locality string }
+
+var (
+	serviceLabels = []string{"service_namespace", "service_name"}
+	podLabels     = []string{"service_namespace", "service_name", "pod", "pod_ip", "locality"}
+)
+
+// New creates the series (unregistered).
+func New() *Metrics {
+	return &Metrics{
+		EndpointWeight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "endpoint_weight",
+			Help: "Weight of a ServiceEntry endpoint as computed by the optimizer (applied unless dry run).",
+		}, []string{"service_namespace", "service_name", "pod_ip", "locality"}),
+		ReconcilerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "reconciler_errors",
+			Help: "Errors in the reconcilers, by controller and error type.",
+		}, []string{"controller", "type", "name", "namespace"}),
+		QueryLatency: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "query_latency",
+			Help: "Seconds the metrics backend took to answer the last query for a service.",
+		}, []string{"service_name", "service_namespace"}),
+		QueryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "optimizer_query_errors_total",
+			Help: "Failed metrics queries, by kind of failure.",
+		}, append(append([]string{}, serviceLabels...), "signal", "reason")),
+		PodCPU: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_pod_cpu_cores",
+			Help: "CPU cores each pod used over the query window, as the metrics backend reported.",
+		}, podLabels),
+		PodRequestRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_pod_request_rate",
+			Help: "Requests per second each pod served over the query window.",
+		}, podLabels),
+		PodCapacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_pod_capacity_estimate",
+			Help: "Relative capacity estimate of each pod (mean 1).",
+		}, podLabels),
+		Cycles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "optimizer_cycles_total",
+			Help: "Weight optimization cycles run, by outcome mode.",
+		}, append(append([]string{}, serviceLabels...), "mode")),
+		Writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "optimizer_writes_total",
+			Help: "Writes of owned Istio objects (each one is an xDS push), by kind.",
+		}, append(append([]string{}, serviceLabels...), "kind")),
+		Fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "optimizer_fallbacks_total",
+			Help: "Times weights fell back to equal after the metrics backend failed past the expiry.",
+		}, serviceLabels),
+		Mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_mode",
+			Help: "1 for the weight engine's current mode (Optimizing, Steady, LowLoad, Holding, Fallback, NoData).",
+		}, append(append([]string{}, serviceLabels...), "mode")),
+		WeightSpread: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_weight_spread",
+			Help: "Largest weight divided by smallest weight of a service.",
+		}, serviceLabels),
+		ServiceEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_endpoints",
+			Help: "Ready endpoints mirrored into the ServiceEntry.",
+		}, serviceLabels),
+		pods: map[serviceKey]map[podKey]struct{}{},
+	}
+}
+
+// Collectors lists every series for registration.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
+		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Writes, m.Fallbacks, m.Mode,
+		m.WeightSpread, m.ServiceEndpoints,
+	}
+}
+
+// Register registers every series with r.
+func (m *Metrics) Register(r prometheus.Registerer) error {
+	for _, c := range m.Collectors() {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PodSample is what is published for one pod.
+type PodSample struct {
+	Pod, IP, Locality string
+	Weight            uint32
+	CPU               *float64
+	RequestRate       *float64
+	Capacity          *float64
+}
+
+// SetPods publishes the per-pod series of a service and deletes the series
+// of pods that are no longer in the set.
+func (m *Metrics) SetPods(namespace, service string, pods []PodSample) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sk := serviceKey{namespace, service}
+	now := map[podKey]struct{}{}
+	for _, p := range pods {
+		k := podKey{p.Pod, p.IP, p.Locality}
+		now[k] = struct{}{}
+		m.EndpointWeight.WithLabelValues(namespace, service, p.IP, p.Locality).Set(float64(p.Weight))
+		setOpt(m.PodCPU, p.CPU, namespace, service, k)
+		setOpt(m.PodRequestRate, p.RequestRate, namespace, service, k)
+		setOpt(m.PodCapacity, p.Capacity, namespace, service, k)
+	}
+	for k := range m.pods[sk] {
+		if _, ok := now[k]; !ok {
+			m.deletePod(namespace, service, k)
+		}
+	}
+	m.pods[sk] = now
+}
+
+func setOpt(g *prometheus.GaugeVec, v *float64, ns, svc string, k podKey) {
+	if v == nil {
+		g.DeleteLabelValues(ns, svc, k.pod, k.ip, k.locality)
+		return
+	}
+	g.WithLabelValues(ns, svc, k.pod, k.ip, k.locality).Set(*v)
+}
+
+func (m *Metrics) deletePod(ns, svc string, k podKey) {
+	m.EndpointWeight.DeleteLabelValues(ns, svc, k.ip, k.locality)
+	for _, g := range []*prometheus.GaugeVec{m.PodCPU, m.PodRequestRate, m.PodCapacity} {
+		g.DeleteLabelValues(ns, svc, k.pod, k.ip, k.locality)
+	}
+}
+
+// SetMode publishes the engine's mode as a one-hot gauge.
+func (m *Metrics) SetMode(namespace, service, mode string) {
+	m.Mode.DeletePartialMatch(prometheus.Labels{"service_namespace": namespace, "service_name": service})
+	m.Mode.WithLabelValues(namespace, service, mode).Set(1)
+}
+
+// ForgetService deletes every series of a service whose optimizer is gone.
+func (m *Metrics) ForgetService(namespace, service string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.pods, serviceKey{namespace, service})
+	svc := prometheus.Labels{"service_namespace": namespace, "service_name": service}
+	for _, v := range []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}{m.EndpointWeight, m.QueryLatency, m.QueryErrors, m.PodCPU, m.PodRequestRate, m.PodCapacity,
+		m.Cycles, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints} {
+		v.DeletePartialMatch(svc)
+	}
+}
+
+// ReconcileError counts an error of a reconciler.
+func (m *Metrics) ReconcileError(controller, errType, name, namespace string) {
+	m.ReconcilerErrors.WithLabelValues(controller, errType, name, namespace).Inc()
+}
