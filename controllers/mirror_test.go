@@ -40,7 +40,9 @@ func webService(t *testing.T, ns string, eps ...Endpoint) {
 	mustCreate(t, EndpointSlice(ns, "web-1", "web", []SlicePort{{Name: "http", Port: 8080}, {Name: "grpc-api", Port: 9090}, {Name: "db", Port: 5432}}, eps...))
 }
 
-func endpointAddrs(se interface{ GetEndpoints() []*networking.WorkloadEntry }) []string {
+func endpointAddrs(se interface {
+	GetEndpoints() []*networking.WorkloadEntry
+}) []string {
 	var out []string
 	for _, e := range se.GetEndpoints() {
 		out = append(out, e.Address)

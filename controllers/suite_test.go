@@ -26,7 +26,7 @@ import (
 // The suite runs the real manager against a real API server (envtest) with
 // Istio's CRDs; each test works in its own namespace.
 var (
-	k8s      client.Client
+	k8s         client.Client
 	testMetrics *metrics.Metrics
 )
 
