@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 
@@ -29,6 +30,7 @@ import (
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/controllers"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
 
@@ -48,8 +50,23 @@ type options struct {
 	leaderElectionNS  string
 	watchNamespaces   string
 	clusterDomain     string
-	prometheusURL     string
+	prometheus        promsource.Config
+	prometheusHeaders headerFlag
 	controllerOptions controllers.Options
+}
+
+// headerFlag collects repeated --prometheus-header Name=Value flags.
+type headerFlag map[string]string
+
+func (h headerFlag) String() string { return fmt.Sprint(map[string]string(h)) }
+
+func (h headerFlag) Set(v string) error {
+	name, value, ok := strings.Cut(v, "=")
+	if !ok || strings.TrimSpace(name) == "" {
+		return fmt.Errorf("want Name=Value, got %q", v)
+	}
+	h[strings.TrimSpace(name)] = value
+	return nil
 }
 
 func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error) {
@@ -61,13 +78,24 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error)
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader election lease (default: the manager's own).")
 	fs.StringVar(&o.watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches the whole cluster.")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "DNS domain of the cluster, used in Kubernetes Service hosts.")
-	fs.StringVar(&o.prometheusURL, "prometheus-url", "", "URL of a Prometheus-compatible query API (Prometheus, VictoriaMetrics, Thanos, Mimir), path prefix included.")
-	fs.StringVar(&o.prometheusURL, "vmdb-url", "", "Alias of --prometheus-url, for users of the original operator.")
+	fs.StringVar(&o.prometheus.URL, "prometheus-url", "", "URL of a Prometheus-compatible query API (Prometheus, VictoriaMetrics, Thanos, Mimir), path prefix included, e.g. http://vmselect:8481/select/0/prometheus. Empty: weights stay equal.")
+	fs.StringVar(&o.prometheus.URL, "vmdb-url", "", "Alias of --prometheus-url, for users of the original operator.")
+	fs.DurationVar(&o.prometheus.Timeout, "prometheus-timeout", promsource.DefaultTimeout, "Timeout of one query.")
+	fs.StringVar(&o.prometheus.BearerTokenFile, "prometheus-bearer-token-file", "", "File holding a bearer token for the metrics backend (re-read on every query).")
+	fs.StringVar(&o.prometheus.CAFile, "prometheus-ca-file", "", "PEM CA bundle to verify the metrics backend.")
+	fs.StringVar(&o.prometheus.CertFile, "prometheus-cert-file", "", "PEM client certificate for mutual TLS with the metrics backend.")
+	fs.StringVar(&o.prometheus.KeyFile, "prometheus-key-file", "", "PEM client key for mutual TLS with the metrics backend.")
+	fs.BoolVar(&o.prometheus.InsecureSkipVerify, "prometheus-insecure-skip-verify", false, "Do not verify the metrics backend's certificate (testing only).")
+	o.prometheusHeaders = headerFlag{}
+	fs.Var(o.prometheusHeaders, "prometheus-header", "Extra header Name=Value sent with every query (repeatable), e.g. X-Scope-OrgID=tenant for Mimir.")
 	o.controllerOptions.BindFlags(fs)
 	zo := &zap.Options{Development: false}
 	zo.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err
+	}
+	if len(o.prometheusHeaders) > 0 {
+		o.prometheus.Headers = o.prometheusHeaders
 	}
 	return o, zo, o.controllerOptions.Validate()
 }
@@ -144,12 +172,22 @@ func run() error {
 	if err := m.Register(crmetrics.Registry); err != nil {
 		return fmt.Errorf("register metrics: %w", err)
 	}
+	var source controllers.MetricsSource
+	if o.prometheus.URL != "" {
+		s, err := promsource.New(o.prometheus)
+		if err != nil {
+			return fmt.Errorf("metrics backend: %w", err)
+		}
+		source = s
+	} else {
+		logger.Info("No --prometheus-url: endpoints are mirrored with equal weights and no weight is optimized")
+	}
 	ctx := ctrl.SetupSignalHandler()
 	if err := controllers.Setup(ctx, mgr, controllers.Dependencies{
 		Clock:         clock.RealClock{},
 		Metrics:       m,
 		ClusterDomain: o.clusterDomain,
-		PrometheusURL: o.prometheusURL,
+		Source:        source,
 		Options:       o.controllerOptions,
 	}); err != nil {
 		return err
@@ -160,10 +198,19 @@ func run() error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	logger.Info("Starting manager", "prometheusURL", o.prometheusURL, "watchNamespaces", o.watchNamespaces)
+	logger.Info("Starting manager", "prometheusURL", redact(o.prometheus.URL), "watchNamespaces", o.watchNamespaces)
 	return mgr.Start(ctx)
 }
 
 func ctrlFlagsWithKubeconfig(fs *flag.FlagSet) {
 	config.RegisterFlags(fs)
+}
+
+// redact hides credentials in a URL before it is logged.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<unparseable>"
+	}
+	return u.Redacted()
 }

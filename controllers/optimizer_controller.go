@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
@@ -46,6 +47,9 @@ type MirrorReconciler struct {
 	Clock         clock.PassiveClock
 	Metrics       *metrics.Metrics
 	Weights       *WeightBook
+	Loop          *WeightLoop // nil without a metrics backend
+	Wake          <-chan event.GenericEvent
+	Defaults      EngineDefaults
 	ClusterDomain string
 	MaxConcurrent int
 }
@@ -64,6 +68,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	opt := &optv1.IstioAdaptiveRequestOptimizer{}
 	if err := r.Client.Get(ctx, req.NamespacedName, opt); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.Loop.Stop(req.NamespacedName)
 			r.Weights.Forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
@@ -98,14 +103,30 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		}
 	}
 
+	settings, serr := settingsFor(opt, r.Defaults)
+	if serr != nil {
+		st.degraded("InvalidOptimization", serr.Error())
+	}
+	r.Loop.Ensure(opt, settings)
+	st.optimization(r.Weights.Outcome(req.NamespacedName), r.Loop.enabled())
+
 	in, live, err := r.read(ctx, opt)
 	if err != nil {
 		st.failed("ReadFailed", err.Error())
 		return ctrl.Result{}, err
 	}
-	in.Weights = r.Weights.Known(req.NamespacedName)
 	res := desired.Compute(in)
+	if r.Loop.enabled() && !settings.DryRun && len(res.Endpoints) > 0 {
+		// The engine's weights for pods that stay; initial weights (slow
+		// start, hardware class, median) for new ones.
+		in.Weights = r.Weights.Weights(req.NamespacedName, settings.Params, r.Clock.Now(), res.Endpoints)
+		res = desired.Compute(in)
+	}
 	st.host = res.Host
+	st.endpointsByPod = make(map[string]desired.Endpoint, len(res.Endpoints))
+	for _, ep := range res.Endpoints {
+		st.endpointsByPod[ep.Pod] = ep
+	}
 	st.owned = optv1.OwnedObjects{Namespace: res.Namespace, ServiceEntry: res.Name, DestinationRule: res.Name}
 	if res.VirtualService != nil {
 		st.owned.VirtualService = res.Name
@@ -142,7 +163,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.failed("ApplyFailed", err.Error())
 		return ctrl.Result{}, err
 	}
-	r.Weights.Applied(req.NamespacedName, r.Clock.Now(), res.Endpoints)
+	r.Weights.Applied(req.NamespacedName, settings.Params, r.Clock.Now(), res.Endpoints)
 	st.endpoints = int32(len(res.Endpoints))
 	r.publish(opt, res)
 	return ctrl.Result{}, nil
@@ -380,6 +401,7 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 			return fmt.Errorf("remove finalizer: %w", err)
 		}
 	}
+	r.Loop.Stop(key)
 	r.Weights.Forget(key)
 	r.Metrics.ForgetService(opt.TargetNamespace(), opt.Spec.ServiceName)
 	return nil

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
@@ -89,6 +90,7 @@ func (r *MirrorReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 			}
 			return out
 		})).
+		WatchesRawSource(source.Channel(r.Wake, &handler.EnqueueRequestForObject{})).
 		Complete(r)
 }
 

@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
@@ -17,11 +18,14 @@ import (
 type Options struct {
 	// MaxConcurrentReconciles of the mirror.
 	MaxConcurrentReconciles int
+	// Engine holds the defaults of every optimization setting.
+	Engine EngineDefaults
 }
 
 // BindFlags registers the options as flags.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Optimizers mirrored in parallel.")
+	o.Engine.BindFlags(fs)
 }
 
 // Validate reports nonsense settings.
@@ -29,7 +33,7 @@ func (o *Options) Validate() error {
 	if o.MaxConcurrentReconciles < 1 {
 		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, got %d", o.MaxConcurrentReconciles)
 	}
-	return nil
+	return o.Engine.Validate()
 }
 
 // Dependencies are what the controllers need from the manager's main.
@@ -37,13 +41,25 @@ type Dependencies struct {
 	Clock         clock.Clock
 	Metrics       *metrics.Metrics
 	ClusterDomain string
-	PrometheusURL string
-	Options       Options
+	// Source answers the weight queries; nil leaves weights equal.
+	Source  MetricsSource
+	Options Options
 }
 
 // Setup registers every controller of the operator with the manager.
 func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 	book := NewWeightBook()
+	if d.Options.Engine.Cycle == 0 {
+		d.Options.Engine = DefaultEngineDefaults()
+	}
+	wake := make(chan event.GenericEvent, 64)
+	var loop *WeightLoop
+	if d.Source != nil {
+		loop = &WeightLoop{Source: d.Source, Book: book, Clock: d.Clock, Metrics: d.Metrics, Wake: wake}
+		if err := mgr.Add(loop); err != nil {
+			return fmt.Errorf("add weight loop: %w", err)
+		}
+	}
 	mirror := &MirrorReconciler{
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
@@ -51,6 +67,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 		Clock:         d.Clock,
 		Metrics:       d.Metrics,
 		Weights:       book,
+		Loop:          loop,
+		Defaults:      d.Options.Engine,
+		Wake:          wake,
 		ClusterDomain: d.ClusterDomain,
 		MaxConcurrent: d.Options.MaxConcurrentReconciles,
 	}

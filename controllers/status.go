@@ -2,6 +2,8 @@ package controllers
 
 import (
 	"fmt"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -10,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
 
 // status collects what one reconcile found; apply turns it into conditions
@@ -24,7 +28,11 @@ type status struct {
 	stall      *reasonMessage
 	fail       *reasonMessage
 	degrade    []reasonMessage
-	done       bool
+
+	weightsEnabled bool
+	outcome        *Outcome
+	endpointsByPod map[string]desired.Endpoint
+	note           string // what the weight engine is doing, for Ready's message
 }
 
 type reasonMessage struct{ reason, message string }
@@ -42,6 +50,7 @@ func (s *status) degraded(reason, msg string) {
 // apply writes the conditions and fields into opt.Status.
 func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) {
 	st := &opt.Status
+	s.applyOptimization(opt)
 	st.ObservedGeneration = s.generation
 	if s.host != "" {
 		st.Host = s.host
@@ -67,7 +76,7 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 		set(optv1.ConditionReconciling, metav1.ConditionTrue, s.fail.reason, "Retrying: "+s.fail.message)
 		set(optv1.ConditionStalled, metav1.ConditionFalse, "Retrying", "The last error is being retried")
 	default:
-		msg := fmt.Sprintf("%d ready endpoints mirrored into ServiceEntry %s/%s on host %s", s.endpoints, s.owned.Namespace, s.owned.ServiceEntry, s.host)
+		msg := fmt.Sprintf("%d ready endpoints mirrored into ServiceEntry %s/%s on host %s; %s", s.endpoints, s.owned.Namespace, s.owned.ServiceEntry, s.host, s.note)
 		set(optv1.ConditionReady, metav1.ConditionTrue, "Reconciled", msg)
 		set(optv1.ConditionReconciling, metav1.ConditionFalse, "Reconciled", "Up to date")
 		set(optv1.ConditionStalled, metav1.ConditionFalse, "Reconciled", "No problem found")
@@ -89,4 +98,62 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 // keeps stable anyway.
 func equalStatus(a, b *optv1.IstioAdaptiveRequestOptimizerStatus) bool {
 	return equality.Semantic.DeepEqual(a, b)
+}
+
+// optimization folds the last weight cycle into the status.
+func (s *status) optimization(out *Outcome, enabled bool) {
+	s.weightsEnabled = enabled
+	s.outcome = out
+}
+
+// applyOptimization writes the weight engine's part of the status.
+func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
+	st := &opt.Status
+	if !s.weightsEnabled {
+		s.note = "weights are not optimized: the manager has no --prometheus-url"
+		return
+	}
+	out := s.outcome
+	if out == nil {
+		s.note = "waiting for the first optimization cycle"
+		return
+	}
+	t := metav1.NewTime(out.Time)
+	st.LastOptimizationTime = &t
+	st.WeightSpread = strconv.FormatFloat(spread(out.Result.Weights), 'f', 2, 64)
+	s.note = fmt.Sprintf("weights %s: %s", strings.ToLower(string(out.Result.Mode)), out.Result.Message)
+	if out.DryRun {
+		s.note = "dry run, weights computed but not applied: " + s.note
+	}
+	if out.DryRun || len(out.Result.Weights) <= maxStatusWeights {
+		st.Weights = statusWeights(opt, out, s.endpointsByPod)
+	} else {
+		st.Weights = nil
+	}
+	switch out.Result.Mode {
+	case weights.ModeHolding:
+		s.degraded("MetricsUnavailable", "The metrics backend failed; the last good weights are held until they expire: "+out.Result.Message)
+	case weights.ModeFallback:
+		s.degraded("WeightsFallback", "The metrics backend failed for longer than the weight expiry; weights fell back to equal: "+out.Result.Message)
+	case weights.ModeNoData:
+		s.degraded("MetricsMissing", "The metrics backend has no data for the pods; check the queries and the scrape configuration: "+out.Result.Message)
+	}
+}
+
+// maxStatusWeights bounds the weights listed in status outside dry run, so
+// the object stays small for large Services (metrics have them all).
+const maxStatusWeights = 100
+
+func statusWeights(opt *optv1.IstioAdaptiveRequestOptimizer, out *Outcome, eps map[string]desired.Endpoint) []optv1.EndpointWeight {
+	names := make([]string, 0, len(out.Result.Weights))
+	for n := range out.Result.Weights {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	ws := make([]optv1.EndpointWeight, 0, len(names))
+	for _, n := range names {
+		ep := eps[n]
+		ws = append(ws, optv1.EndpointWeight{Pod: n, Address: ep.Address, Locality: ep.Locality, Weight: out.Result.Weights[n]})
+	}
+	return ws
 }

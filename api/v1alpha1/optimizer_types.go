@@ -58,6 +58,11 @@ type Optimization struct {
 	// +optional
 	QueryWindow *metav1.Duration `json:"query_window,omitempty"`
 
+	// scrape_interval is how often the metrics backend scrapes the pods; the
+	// engine allows for that lag when it relates weights to observed load.
+	// +optional
+	ScrapeInterval *metav1.Duration `json:"scrape_interval,omitempty"`
+
 	// dead_band_percent: a weight that would move by less than this percent
 	// is left alone, so noise causes no ServiceEntry writes.
 	// +kubebuilder:validation:Minimum=0

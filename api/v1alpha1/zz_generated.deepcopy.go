@@ -172,6 +172,11 @@ func (in *Optimization) DeepCopyInto(out *Optimization) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.ScrapeInterval != nil {
+		in, out := &in.ScrapeInterval, &out.ScrapeInterval
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.DeadBandPercent != nil {
 		in, out := &in.DeadBandPercent, &out.DeadBandPercent
 		*out = new(int32)

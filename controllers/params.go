@@ -1,0 +1,161 @@
+package controllers
+
+import (
+	"flag"
+	"fmt"
+	"time"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
+)
+
+// EngineDefaults are the operator-wide defaults of every optimization
+// setting; a field of an optimizer's spec.optimization overrides one.
+type EngineDefaults struct {
+	Cycle        time.Duration
+	Params       weights.Params
+	CPUQuery     string
+	RequestQuery string
+}
+
+// DefaultEngineDefaults are the defaults without flags.
+func DefaultEngineDefaults() EngineDefaults {
+	return EngineDefaults{
+		Cycle:        30 * time.Second,
+		Params:       weights.DefaultParams(),
+		CPUQuery:     promsource.DefaultCPUQuery,
+		RequestQuery: promsource.DefaultRequestQuery,
+	}
+}
+
+// BindFlags registers the defaults as manager flags.
+func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
+	*d = DefaultEngineDefaults()
+	fs.DurationVar(&d.Cycle, "default-cycle", d.Cycle, "How often weights are recomputed (spec.optimization.cycle).")
+	fs.DurationVar(&d.Params.QueryWindow, "default-query-window", d.Params.QueryWindow, "Range of rate() in the queries (spec.optimization.query_window).")
+	fs.DurationVar(&d.Params.ScrapeInterval, "default-scrape-interval", d.Params.ScrapeInterval, "Scrape interval of the pods' metrics (spec.optimization.scrape_interval).")
+	fs.Float64Var(&d.Params.DeadBand, "default-dead-band", d.Params.DeadBand, "Relative weight change below which nothing is written (spec.optimization.dead_band_percent / 100).")
+	fs.Float64Var(&d.Params.MaxStep, "default-max-step", d.Params.MaxStep, "Largest relative move of one weight per cycle (spec.optimization.max_step_percent / 100).")
+	fs.Float64Var(&d.Params.MaxRatio, "default-max-weight-ratio", d.Params.MaxRatio, "Weights stay within mean/ratio and mean*ratio (spec.optimization.max_weight_ratio).")
+	fs.Float64Var(&d.Params.Smoothing, "default-smoothing", d.Params.Smoothing, "Share of a new capacity observation in the running estimate (spec.optimization.smoothing_percent / 100).")
+	fs.Float64Var(&d.Params.MinCPU, "default-min-cpu", d.Params.MinCPU, "Mean CPU cores per pod below which weights are held (spec.optimization.min_cpu_millicores / 1000).")
+	fs.DurationVar(&d.Params.SlowStart, "default-slow-start", d.Params.SlowStart, "Ramp-up of a new pod's weight (spec.optimization.slow_start).")
+	fs.DurationVar(&d.Params.Expiry, "default-weight-expiry", d.Params.Expiry, "How long the last good weights are held while metrics fail (spec.optimization.weight_expiry).")
+	fs.BoolVar(&d.Params.PoolByHardware, "default-share-by-hardware", d.Params.PoolByHardware, "Share capacity estimates between pods on the same node instance type (spec.optimization.share_by_hardware).")
+	fs.StringVar(&d.CPUQuery, "default-cpu-query", d.CPUQuery, "PromQL template of per-pod CPU cores (spec.optimization.cpu_query).")
+	fs.StringVar(&d.RequestQuery, "default-request-query", d.RequestQuery, `PromQL template of per-pod requests per second, "-" for CPU only (spec.optimization.request_query).`)
+}
+
+// Validate reports invalid defaults at start-up.
+func (d EngineDefaults) Validate() error {
+	if d.Cycle < time.Second {
+		return fmt.Errorf("--default-cycle must be at least 1s, got %v", d.Cycle)
+	}
+	if err := d.Params.Validate(); err != nil {
+		return fmt.Errorf("weight engine defaults: %w", err)
+	}
+	if err := promsource.Validate(d.CPUQuery); err != nil {
+		return fmt.Errorf("--default-cpu-query: %w", err)
+	}
+	if d.RequestQuery != "-" {
+		if err := promsource.Validate(d.RequestQuery); err != nil {
+			return fmt.Errorf("--default-request-query: %w", err)
+		}
+	}
+	return nil
+}
+
+// Settings is the effective optimization configuration of one optimizer.
+type Settings struct {
+	Cycle        time.Duration
+	Params       weights.Params
+	CPUQuery     string
+	RequestQuery string // "" when CPU only
+	DryRun       bool
+}
+
+// settingsFor merges an optimizer's spec over the defaults. An invalid
+// combination (which CRD validation cannot catch) is reported and the
+// defaults are used instead, so a bad edit never stops optimization.
+func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Settings, error) {
+	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, DryRun: opt.Spec.DryRun}
+	if o := opt.Spec.Optimization; o != nil {
+		if o.Cycle != nil {
+			s.Cycle = o.Cycle.Duration
+		}
+		if o.QueryWindow != nil {
+			s.Params.QueryWindow = o.QueryWindow.Duration
+		}
+		if o.ScrapeInterval != nil {
+			s.Params.ScrapeInterval = o.ScrapeInterval.Duration
+		}
+		if o.DeadBandPercent != nil {
+			s.Params.DeadBand = float64(*o.DeadBandPercent) / 100
+		}
+		if o.MaxStepPercent != nil {
+			s.Params.MaxStep = float64(*o.MaxStepPercent) / 100
+		}
+		if o.MaxWeightRatio != nil {
+			s.Params.MaxRatio = float64(*o.MaxWeightRatio)
+		}
+		if o.SmoothingPercent != nil {
+			s.Params.Smoothing = float64(*o.SmoothingPercent) / 100
+		}
+		if o.MinCPUMillicores != nil {
+			s.Params.MinCPU = float64(*o.MinCPUMillicores) / 1000
+		}
+		if o.SlowStart != nil {
+			s.Params.SlowStart = o.SlowStart.Duration
+		}
+		if o.WeightExpiry != nil {
+			s.Params.Expiry = o.WeightExpiry.Duration
+		}
+		if o.ShareByHardware != nil {
+			s.Params.PoolByHardware = *o.ShareByHardware
+		}
+		if o.CPUQuery != "" {
+			s.CPUQuery = o.CPUQuery
+		}
+		if o.RequestQuery != "" {
+			s.RequestQuery = o.RequestQuery
+		}
+	}
+	if s.RequestQuery == "-" {
+		s.RequestQuery = ""
+	}
+	var problems []error
+	if s.Cycle < time.Second {
+		problems = append(problems, fmt.Errorf("cycle %v is below 1s", s.Cycle))
+	}
+	if err := s.Params.Validate(); err != nil {
+		problems = append(problems, err)
+	}
+	if err := promsource.Validate(s.CPUQuery); err != nil {
+		problems = append(problems, fmt.Errorf("cpu_query: %w", err))
+	}
+	if s.RequestQuery != "" {
+		if err := promsource.Validate(s.RequestQuery); err != nil {
+			problems = append(problems, fmt.Errorf("request_query: %w", err))
+		}
+	}
+	if len(problems) > 0 {
+		fallback := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, DryRun: opt.Spec.DryRun}
+		if fallback.RequestQuery == "-" {
+			fallback.RequestQuery = ""
+		}
+		return fallback, fmt.Errorf("spec.optimization is invalid, operator defaults are used instead: %v", joinErrs(problems))
+	}
+	return s, nil
+}
+
+func joinErrs(errs []error) string {
+	out := ""
+	for i, e := range errs {
+		if i > 0 {
+			out += "; "
+		}
+		out += e.Error()
+	}
+	return out
+}

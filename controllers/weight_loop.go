@@ -1,0 +1,293 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
+	"github.com/liorfranko/istio-adaptive-least-request/metrics"
+)
+
+const weightControllerName = "optimizer.weights"
+
+// MetricsSource answers one PromQL query for a set of pods.
+type MetricsSource interface {
+	Query(ctx context.Context, tmpl string, t promsource.Target, now time.Time) (promsource.Result, error)
+}
+
+// WeightLoop recomputes the weights of every optimizer on its own timer.
+// Each optimizer has its own goroutine, so a slow metrics backend for one
+// never delays another. A cycle never writes: it records the outcome in the
+// book and wakes the mirror, the only writer of Istio objects and status.
+type WeightLoop struct {
+	Source  MetricsSource
+	Book    *WeightBook
+	Clock   clock.Clock
+	Metrics *metrics.Metrics
+	// Wake asks the mirror to reconcile an optimizer.
+	Wake chan<- event.GenericEvent
+
+	mu      sync.Mutex
+	ctx     context.Context
+	workers map[types.NamespacedName]*worker
+}
+
+type worker struct {
+	cancel   context.CancelFunc
+	mu       sync.Mutex
+	settings Settings
+	target   target
+	update   chan struct{}
+}
+
+type target struct{ namespace, service string }
+
+// Start implements manager.Runnable: workers run until ctx ends.
+func (l *WeightLoop) Start(ctx context.Context) error {
+	l.mu.Lock()
+	l.ctx = ctx
+	l.mu.Unlock()
+	<-ctx.Done()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for key, w := range l.workers {
+		w.cancel()
+		delete(l.workers, key)
+	}
+	return nil
+}
+
+// NeedLeaderElection: only the leader computes weights.
+func (l *WeightLoop) NeedLeaderElection() bool { return true }
+
+func (l *WeightLoop) enabled() bool { return l != nil && l.Source != nil }
+
+// Ensure starts or updates the worker of an optimizer.
+func (l *WeightLoop) Ensure(opt *optv1.IstioAdaptiveRequestOptimizer, s Settings) {
+	if !l.enabled() {
+		return
+	}
+	key := types.NamespacedName{Namespace: opt.Namespace, Name: opt.Name}
+	tgt := target{opt.TargetNamespace(), opt.Spec.ServiceName}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx == nil {
+		return // not started yet; the mirror calls again on its next reconcile
+	}
+	if w := l.workers[key]; w != nil {
+		w.mu.Lock()
+		changed := w.settings.Cycle != s.Cycle
+		w.settings, w.target = s, tgt
+		w.mu.Unlock()
+		if changed {
+			select {
+			case w.update <- struct{}{}:
+			default:
+			}
+		}
+		return
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	w := &worker{cancel: cancel, settings: s, target: tgt, update: make(chan struct{}, 1)}
+	if l.workers == nil {
+		l.workers = map[types.NamespacedName]*worker{}
+	}
+	l.workers[key] = w
+	go l.run(ctx, key, w)
+}
+
+// Stop ends the worker of a deleted optimizer.
+func (l *WeightLoop) Stop(key types.NamespacedName) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.workers[key]; w != nil {
+		w.cancel()
+		delete(l.workers, key)
+	}
+}
+
+func (l *WeightLoop) run(ctx context.Context, key types.NamespacedName, w *worker) {
+	logger := log.FromContext(ctx).WithValues("controller", weightControllerName, "optimizer", key)
+	// Different phases spread the optimizers' queries over the cycle.
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), hashKey(key.String())))
+	for {
+		w.mu.Lock()
+		cycle := w.settings.Cycle
+		w.mu.Unlock()
+		wait := cycle + time.Duration(rng.Float64()*0.1*float64(cycle))
+		timer := l.Clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-w.update:
+			timer.Stop()
+			continue
+		case <-timer.C():
+		}
+		w.mu.Lock()
+		s, tgt := w.settings, w.target
+		w.mu.Unlock()
+		l.cycle(ctx, logger, key, tgt, s)
+	}
+}
+
+// cycle runs one optimization: query, compute, record, wake the mirror.
+func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings) {
+	eps := l.Book.Endpoints(key)
+	if len(eps) == 0 {
+		return
+	}
+	now := l.Clock.Now()
+	pods := make([]string, 0, len(eps))
+	for _, ep := range eps {
+		pods = append(pods, ep.Pod)
+	}
+	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods, Window: s.Params.QueryWindow}
+	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(pods))}
+
+	cpu, err := l.Source.Query(ctx, s.CPUQuery, qt, now)
+	l.Metrics.QueryLatency.WithLabelValues(tgt.service, tgt.namespace).Set(cpu.Latency.Seconds())
+	if err != nil {
+		obs.Err = fmt.Errorf("CPU query: %w", err)
+		l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "cpu", queryErrorReason(err)).Inc()
+		l.Metrics.ReconcileError(weightControllerName, "query", key.Name, key.Namespace)
+		logger.Info("CPU query failed", "error", err.Error())
+	}
+	var requests promsource.Result
+	var reqErr error
+	if s.RequestQuery != "" && obs.Err == nil {
+		requests, reqErr = l.Source.Query(ctx, s.RequestQuery, qt, now)
+		if reqErr != nil {
+			// Without request rates the engine estimates capacity from CPU
+			// and the weights each pod held; not a failure of the cycle.
+			var empty *promsource.EmptyResultError
+			if !errors.As(reqErr, &empty) {
+				l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "requests", queryErrorReason(reqErr)).Inc()
+				logger.Info("Request-rate query failed; estimating from CPU only", "error", reqErr.Error())
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	for _, p := range pods {
+		sig := weights.Signal{CPU: math.NaN(), Requests: math.NaN()}
+		if v, ok := cpu.Values[p]; ok && obs.Err == nil {
+			sig.CPU = v
+		}
+		if v, ok := requests.Values[p]; ok && reqErr == nil {
+			sig.Requests = v
+		}
+		obs.Signals[p] = sig
+	}
+	out, eps, ok := l.Book.Update(key, s.Params, obs, s.DryRun)
+	if !ok {
+		return
+	}
+	l.publish(tgt, eps, obs, out)
+	if out.Result.Changed {
+		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "message", out.Result.Message)
+	}
+	select {
+	case l.Wake <- event.GenericEvent{Object: wakeObject(key)}:
+	case <-ctx.Done():
+	}
+}
+
+func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Observation, out Outcome) {
+	m := l.Metrics
+	samples := make([]metrics.PodSample, 0, len(eps))
+	for _, ep := range eps {
+		s := metrics.PodSample{Pod: ep.Pod, IP: ep.Address, Locality: ep.Locality, Weight: out.Result.Weights[ep.Pod]}
+		if sig, ok := obs.Signals[ep.Pod]; ok {
+			if !math.IsNaN(sig.CPU) {
+				v := sig.CPU
+				s.CPU = &v
+			}
+			if !math.IsNaN(sig.Requests) {
+				v := sig.Requests
+				s.RequestRate = &v
+			}
+		}
+		if c, ok := out.Result.Capacity[ep.Pod]; ok {
+			v := c
+			s.Capacity = &v
+		}
+		samples = append(samples, s)
+	}
+	m.SetPods(tgt.namespace, tgt.service, samples)
+	m.Cycles.WithLabelValues(tgt.namespace, tgt.service, string(out.Result.Mode)).Inc()
+	m.SetMode(tgt.namespace, tgt.service, string(out.Result.Mode))
+	m.WeightSpread.WithLabelValues(tgt.namespace, tgt.service).Set(spread(out.Result.Weights))
+	if out.Result.Mode == weights.ModeFallback && out.Result.Changed {
+		m.Fallbacks.WithLabelValues(tgt.namespace, tgt.service).Inc()
+	}
+}
+
+func spread(w map[string]uint32) float64 {
+	lo, hi := uint32(math.MaxUint32), uint32(0)
+	for _, v := range w {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	if hi == 0 || lo == 0 {
+		return 1
+	}
+	return float64(hi) / float64(lo)
+}
+
+func queryErrorReason(err error) string {
+	var (
+		unreachable *promsource.UnreachableError
+		server      *promsource.ServerError
+		empty       *promsource.EmptyResultError
+		shape       *promsource.ResultTypeError
+		bad         *promsource.BadResponseError
+		tmpl        *promsource.TemplateError
+	)
+	switch {
+	case errors.As(err, &unreachable):
+		return "unreachable"
+	case errors.As(err, &server):
+		return "server_error"
+	case errors.As(err, &empty):
+		return "empty"
+	case errors.As(err, &shape):
+		return "result_type"
+	case errors.As(err, &bad):
+		return "bad_response"
+	case errors.As(err, &tmpl):
+		return "template"
+	}
+	return "other"
+}
+
+func hashKey(s string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(s))
+	return h.Sum64()
+}
+
+func wakeObject(key types.NamespacedName) *optv1.IstioAdaptiveRequestOptimizer {
+	o := &optv1.IstioAdaptiveRequestOptimizer{}
+	o.Namespace, o.Name = key.Namespace, key.Name
+	return o
+}
