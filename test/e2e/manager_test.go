@@ -1,0 +1,191 @@
+// Package e2e runs the manager binary as a user would, against a real API
+// server through a kubeconfig, and inspects what it writes.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	. "github.com/liorfranko/istio-adaptive-least-request/test/fixtures"
+	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
+)
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func TestManagerBinaryAgainstKubeconfig(t *testing.T) {
+	api, err := harness.StartAPIServer()
+	if err != nil {
+		t.Fatalf("start API server: %v", err)
+	}
+	defer api.Stop()
+
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "manager")
+	build := exec.Command("go", "build", "-o", bin, "./cmd")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build manager: %v\n%s", err, out)
+	}
+
+	metricsAddr, probeAddr := freePort(t), freePort(t)
+	// KUBECONFIG (not --kubeconfig) to prove the environment variable works;
+	// --vmdb-url is the seed's alias of --prometheus-url (nothing listens there:
+	// the mirror must work regardless and the weights stay as they are).
+	cmd := exec.Command(bin,
+		"--metrics-bind-address", metricsAddr, "--metrics-secure=false",
+		"--health-probe-bind-address", probeAddr,
+		"--vmdb-url", "http://127.0.0.1:1/select/0/prometheus",
+	)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+api.Kubeconfig)
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "manager.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("manager did not stop within 10s of SIGINT")
+		}
+		if t.Failed() {
+			data, _ := os.ReadFile(logFile.Name())
+			t.Logf("manager log:\n%s", tail(string(data), 4000))
+		}
+	}()
+
+	c, err := client.New(api.Config, client.Options{Scheme: harness.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ns := "shop"
+	for _, o := range []client.Object{
+		Namespace(ns),
+		Node("node-1", "us-east", "us-east-1a", "", "c5.xlarge"),
+		Service(ns, "cart", ServicePort("http-web", 80, intstr.FromString("web")), ServicePort("grpc", 9000, intstr.FromInt32(9000))),
+		Pod(ns, "cart-0", "cart", "node-1", WithSidecar(), WithServiceAccount("cart"), WithContainerPort("web", 8080)),
+		Pod(ns, "cart-1", "cart", "node-1", WithSidecar(), WithServiceAccount("cart"), WithContainerPort("web", 8080)),
+		EndpointSlice(ns, "cart-abc", "cart", []SlicePort{{Name: "http-web", Port: 8080}, {Name: "grpc", Port: 9000}},
+			Ready("cart-0", IP(9, 1), "node-1"), Ready("cart-1", IP(9, 2), "node-1")),
+		Optimizer(ns, "cart", "cart"),
+	} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatalf("create %T: %v", o, err)
+		}
+	}
+
+	deadline := time.Now().Add(30 * time.Second)
+	var se istionet.ServiceEntry
+	for {
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart-adaptive"}, &se)
+		if err == nil && len(se.Spec.Endpoints) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ServiceEntry with 2 endpoints after 30s (err %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if se.Spec.Hosts[0] != "cart.shop.adaptive" {
+		t.Errorf("host = %v", se.Spec.Hosts)
+	}
+	for _, p := range se.Spec.Ports {
+		if p.Number == 80 && (p.Protocol != "HTTP" || p.TargetPort != 8080) {
+			t.Errorf("port 80 = %s/%d, want HTTP/8080 (named target port resolved)", p.Protocol, p.TargetPort)
+		}
+	}
+	for _, e := range se.Spec.Endpoints {
+		if e.Locality != "us-east/us-east-1a" || e.ServiceAccount != "cart" || e.Weight == 0 {
+			t.Errorf("endpoint %+v", e)
+		}
+	}
+	var vs istionet.VirtualService
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart-adaptive"}, &vs); err != nil {
+		t.Errorf("VirtualService: %v", err)
+	}
+	var dr istionet.DestinationRule
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart-adaptive"}, &dr); err != nil {
+		t.Errorf("DestinationRule: %v", err)
+	}
+
+	var opt optv1.IstioAdaptiveRequestOptimizer
+	for {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart"}, &opt); err != nil {
+			t.Fatal(err)
+		}
+		if c := meta.FindStatusCondition(opt.Status.Conditions, "Ready"); c != nil && c.Status == "True" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("optimizer not Ready: %+v", opt.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	body := get(t, "http://"+probeAddr+"/readyz")
+	if !strings.Contains(body, "ok") {
+		t.Errorf("/readyz = %q", body)
+	}
+	metrics := get(t, "http://"+metricsAddr+"/metrics")
+	for _, want := range []string{
+		`endpoint_weight{locality="us-east/us-east-1a",pod_ip="` + IP(9, 1) + `",service_name="cart",service_namespace="shop"}`,
+		`controller_runtime_reconcile_total{controller="optimizer.mirror"`,
+		`workqueue_adds_total{controller="optimizer.mirror"`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return fmt.Sprintf("...%s", s[len(s)-n:])
+}
