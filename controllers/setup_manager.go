@@ -98,7 +98,8 @@ func TrimPod(obj any) (any, error) {
 		trimmed.Annotations = map[string]string{"sidecar.istio.io/status": v}
 	}
 	for _, c := range pod.Spec.Containers {
-		trimmed.Spec.Containers = append(trimmed.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports})
+		trimmed.Spec.Containers = append(trimmed.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports,
+			Resources: corev1.ResourceRequirements{Limits: cpuOnly(c.Resources.Limits)}})
 	}
 	for _, c := range pod.Spec.InitContainers {
 		if c.Name == "istio-proxy" {
@@ -123,4 +124,11 @@ func TrimNode(obj any) (any, error) {
 		TypeMeta:   node.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID, ResourceVersion: node.ResourceVersion, Labels: node.Labels},
 	}, nil
+}
+
+func cpuOnly(l corev1.ResourceList) corev1.ResourceList {
+	if q, ok := l[corev1.ResourceCPU]; ok {
+		return corev1.ResourceList{corev1.ResourceCPU: q}
+	}
+	return nil
 }

@@ -90,7 +90,7 @@ func (e *bookEntry) pods(now time.Time, eps []desired.Endpoint) []weights.Pod {
 			e.readySince[ep.Pod] = now
 		}
 		seen[ep.Pod] = true
-		out = append(out, weights.Pod{Name: ep.Pod, Locality: ep.Locality, HardwareClass: ep.HardwareClass, ReadySince: since})
+		out = append(out, weights.Pod{Name: ep.Pod, Locality: ep.Locality, HardwareClass: ep.HardwareClass, Cores: ep.Cores, ReadySince: since})
 	}
 	for pod := range e.readySince {
 		if !seen[pod] {

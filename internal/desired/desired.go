@@ -8,6 +8,7 @@ package desired
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 
@@ -76,8 +77,11 @@ type Endpoint struct {
 	HardwareClass  string
 	ServiceAccount string
 	Sidecar        bool
-	Weight         uint32
-	Ports          map[string]uint32 // per-endpoint port overrides, by SE port name
+	// Cores is the CPU limit of the pod's application containers (not the
+	// sidecar), 0 when unknown; the weight engine uses it to see saturation.
+	Cores  float64
+	Weight uint32
+	Ports  map[string]uint32 // per-endpoint port overrides, by SE port name
 }
 
 // Port is one optimized port.
@@ -268,6 +272,11 @@ func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service,
 	var problems []Problem
 	byNumber := map[int32]corev1.ServicePort{}
 	for _, sp := range svc.Spec.Ports {
+		// A number may be declared twice, once per protocol (53/TCP and
+		// 53/UDP): the TCP one is the port that can be optimized.
+		if prev, ok := byNumber[sp.Port]; ok && routable(prev) {
+			continue
+		}
 		byNumber[sp.Port] = sp
 	}
 	type want struct {
@@ -298,7 +307,7 @@ func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service,
 				Message: fmt.Sprintf("Service %s/%s has no port %d", svc.Namespace, svc.Name, w.number)})
 			continue
 		}
-		if sp.Protocol == corev1.ProtocolUDP || sp.Protocol == corev1.ProtocolSCTP {
+		if !routable(sp) {
 			problems = append(problems, Problem{Reason: "UnsupportedProtocol",
 				Message: fmt.Sprintf("port %d of Service %s/%s is %s; Istio routes TCP only", w.number, svc.Namespace, svc.Name, sp.Protocol)})
 			continue
@@ -335,6 +344,11 @@ func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service,
 		ports = append(ports, p)
 	}
 	return ports, problems
+}
+
+// routable says whether Istio can route the Service port (TCP only).
+func routable(sp corev1.ServicePort) bool {
+	return sp.Protocol != corev1.ProtocolUDP && sp.Protocol != corev1.ProtocolSCTP
 }
 
 // istioProtocol picks the protocol: the optimizer's choice, else the Service
@@ -408,6 +422,23 @@ func sortedSlices(slices []discoveryv1.EndpointSlice) []discoveryv1.EndpointSlic
 	return out
 }
 
+// sortedEndpoints orders a slice's endpoints canonically, so which copy of
+// a repeated address is kept never depends on the order the API listed them.
+func sortedEndpoints(eps []discoveryv1.Endpoint) []discoveryv1.Endpoint {
+	key := func(e discoveryv1.Endpoint) string {
+		var b strings.Builder
+		b.WriteString(strings.Join(e.Addresses, ","))
+		if e.TargetRef != nil {
+			b.WriteString("\x00" + e.TargetRef.Kind + "\x00" + e.TargetRef.Name)
+		}
+		b.WriteString("\x00" + ptrString(e.NodeName) + "\x00" + ptrString(e.Zone))
+		return b.String()
+	}
+	out := append([]discoveryv1.Endpoint(nil), eps...)
+	sort.SliceStable(out, func(i, j int) bool { return key(out[i]) < key(out[j]) })
+	return out
+}
+
 func ptrString(s *string) string {
 	if s == nil {
 		return ""
@@ -429,7 +460,7 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 				slicePorts[ptrString(p.Name)] = *p.Port
 			}
 		}
-		for _, e := range s.Endpoints {
+		for _, e := range sortedEndpoints(s.Endpoints) {
 			if !isReady(e) || len(e.Addresses) == 0 {
 				continue
 			}
@@ -446,6 +477,7 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 			if pod := in.Pods[ep.Pod]; pod != nil {
 				ep.ServiceAccount = pod.Spec.ServiceAccountName
 				ep.Sidecar = HasSidecar(pod)
+				ep.Cores = CPULimit(pod)
 				if ep.Node == "" {
 					ep.Node = pod.Spec.NodeName
 				}
@@ -482,6 +514,7 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 		eps = eps[:MaxEndpoints]
 	}
 	assignWeights(eps, in.Weights, in.LiveWeights)
+	capLocalitySums(eps)
 	return eps, problems
 }
 
@@ -520,6 +553,29 @@ func assignWeights(eps []Endpoint, byPod, byAddress map[string]uint32) {
 		} else {
 			eps[i].Weight = fallback
 		}
+	}
+}
+
+// maxLocalityWeight is what the weights of one locality may sum to: Envoy
+// rejects an endpoint update whose locality sum exceeds 2^32-1. The margin
+// leaves room for weights that scaling raises back to 1.
+const maxLocalityWeight = math.MaxUint32 - MaxEndpoints
+
+// capLocalitySums scales every weight by one factor when the weights of a
+// locality would sum past Envoy's limit, so the ratios between pods (also
+// across localities) hold and no weight drops below 1.
+func capLocalitySums(eps []Endpoint) {
+	sums := map[string]uint64{}
+	var largest uint64
+	for _, ep := range eps {
+		sums[ep.Locality] += uint64(ep.Weight)
+		largest = max(largest, sums[ep.Locality])
+	}
+	if largest <= maxLocalityWeight {
+		return
+	}
+	for i := range eps {
+		eps[i].Weight = uint32(max(1, uint64(eps[i].Weight)*maxLocalityWeight/largest))
 	}
 }
 
@@ -566,4 +622,21 @@ func locality(node *corev1.Node, sliceZone *string) string {
 		return ""
 	}
 	return strings.TrimRight(region+"/"+zone+"/"+subzone, "/")
+}
+
+// CPULimit sums the CPU limits of the application containers, in cores; 0
+// when any of them has none (the pod can then use more than the sum).
+func CPULimit(pod *corev1.Pod) float64 {
+	total := 0.0
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "istio-proxy" {
+			continue
+		}
+		q, ok := c.Resources.Limits[corev1.ResourceCPU]
+		if !ok {
+			return 0
+		}
+		total += q.AsApproximateFloat64()
+	}
+	return total
 }

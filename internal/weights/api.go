@@ -1,6 +1,3 @@
-// Package weights turns per-pod load signals into integer endpoint weights
-// proportional to each pod's estimated capacity. It is pure: no I/O, time is
-// injected, results are deterministic and independent of input order.
 package weights
 
 import "time"
@@ -10,15 +7,29 @@ type Params struct {
 	// QueryWindow is the range of the rate() that produced the signals; the
 	// engine averages the weights each pod held over it.
 	QueryWindow time.Duration
-	// DeadBand is the relative change (0.05 = 5%) below which a weight is not updated.
+	// ScrapeInterval is how often the metrics backend scrapes the pods (plus
+	// any delay of the exporter). A rate() over QueryWindow really averages
+	// the samples it found: a span of QueryWindow-ScrapeInterval to
+	// QueryWindow that ends up to one ScrapeInterval before the query. The
+	// engine only draws conclusions that hold for every such span, so a
+	// weight change inside the window cannot be mistaken for a capacity
+	// change. 0 means the rate covers exactly the query window.
+	ScrapeInterval time.Duration
+	// DeadBand is the relative change (0.05 = 5%) below which a weight is not
+	// updated. The engine adds the noise it measures in its own estimates,
+	// so noisy metrics widen it rather than cause writes.
 	DeadBand float64
 	// MaxStep bounds the relative move of one weight in one cycle (1.0 = may double or halve).
 	MaxStep float64
 	// MaxRatio keeps every weight within [mean/MaxRatio, mean*MaxRatio].
 	MaxRatio float64
-	// Smoothing is the share of a new capacity estimate in the running estimate (1 = none).
+	// Smoothing is the share of a new capacity estimate in the running
+	// estimate (1 = none). It is the floor: after a change, the first
+	// observations are averaged plainly (1/2, 1/3, ...) until their share
+	// falls to Smoothing; a change that persists restarts the average.
 	Smoothing float64
-	// MinCPU (cores per pod, mean over pods): below it weights are held.
+	// MinCPU (cores per pod, mean over pods with data): below it weights are
+	// held, since idle pods' CPU is mostly overhead, not work.
 	MinCPU float64
 	// SlowStart ramps a new pod's weight over this duration (0 = off).
 	SlowStart time.Duration
@@ -27,7 +38,9 @@ type Params struct {
 	Expiry time.Duration
 	// PoolByHardware shares capacity estimates between pods of one HardwareClass.
 	PoolByHardware bool
-	// MeanWeight is the mean weight the engine scales to.
+	// MeanWeight is the mean weight the engine scales to. MeanWeight/MaxRatio
+	// must be at least 10 (rounding) and MeanWeight*MaxRatio*4096 below
+	// 2^32-1 (sums per locality).
 	MeanWeight uint32
 }
 
@@ -37,10 +50,15 @@ type Pod struct {
 	Locality      string    // region/zone/subzone
 	HardwareClass string    // node instance type, "" when unknown
 	ReadySince    time.Time // when the pod became ready; zero = long ago
+	// Cores is the CPU the pod may use (its limit), in cores; 0 = unknown.
+	// Optional. Weights are proportional to speed per core times Cores (pods
+	// without it count as the median of those with it), and a pod using all
+	// of its Cores is known to be saturated, so its CPU understates its load.
+	Cores float64
 }
 
 // Signal is what the metrics backend said about one pod over the query window.
-// A NaN field means "no data".
+// A NaN, infinite or negative field means "no data".
 type Signal struct {
 	CPU      float64 // cores (rate of CPU seconds)
 	Requests float64 // requests per second served
@@ -67,8 +85,8 @@ const (
 
 // Result is one cycle's outcome.
 type Result struct {
-	Weights  map[string]uint32  // by Pod.Name, every pod of the set, each >= 1
-	Changed  bool               // a weight moved past the dead band, or the set changed
+	Weights  map[string]uint32 // by Pod.Name, every pod of the set, each >= 1
+	Changed  bool              // a weight moved past the dead band, or the set changed
 	Mode     Mode
 	Capacity map[string]float64 // current capacity estimate per pod (relative units)
 	Message  string             // human-readable explanation for status

@@ -1,0 +1,351 @@
+package weights
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Engine holds what has been learned between cycles. It is not safe for
+// concurrent use: each optimizer owns one.
+type Engine struct {
+	params Params
+
+	// history holds the weights Envoy had recently (see timeline).
+	history timeline
+	// live is what Envoy has now, as told by Seed or Applied. Until either is
+	// called (dry run) the last computed weights stand in for it.
+	live      map[string]uint32
+	liveAt    time.Time
+	liveKnown bool
+	last      map[string]uint32
+	lastAt    time.Time
+
+	pods    map[string]*podState
+	classes map[string]float64 // hardware class -> capacity per core
+	// noise is the typical error of one capacity observation (log scale),
+	// learned from the data, so that surprises are judged against it.
+	noise       float64
+	noiseCycles int // cycles that measured noise, up to a cap
+
+	started    bool
+	lastGood   time.Time // last observation with data; starts the expiry clock
+	lastUpdate time.Time // time of the previous cycle with data
+	cycle      time.Duration
+	mode       Mode
+}
+
+// podState is what the engine believes about one pod.
+type podState struct {
+	// capacity is the pod's speed per core, in relative units (the
+	// geometric mean over the current pods with estimates is 1).
+	capacity float64
+	// known: capacity holds an estimate, from data or a seed.
+	known bool
+	// measurements counts the sharp observations (steady weights over the
+	// whole window, pod not saturated) averaged into capacity since it was
+	// last reset. Bounds and blurred views move the estimate but do not
+	// count, so the first sharp observation after them is taken whole.
+	measurements int
+	// driftUp and driftDown accumulate evidence (in noise units) that the
+	// observations sit persistently above or below the estimate: a CUSUM,
+	// which notices a real change of a few noise levels within a few
+	// cycles, while noise alone almost never gets that far.
+	driftUp, driftDown float64
+	// publishedGain is the gain of the estimate when the pod's weight was
+	// last computed from it (1: rough, never published); see moveBands.
+	publishedGain   float64
+	seen            time.Time // last time the pod was in the endpoint set
+	saturatedAt     time.Time // last cycle the pod used all of its Cores
+	saturatedCycles int       // consecutive cycles before that one it did too
+}
+
+const (
+	// initialNoise is the assumed observation noise before any is measured.
+	initialNoise = 0.01
+	// maxClasses bounds the hardware classes remembered.
+	maxClasses = 1024
+	// maxMeasurements caps the counter; beyond 1/Smoothing it no longer matters.
+	maxMeasurements = 1 << 20
+)
+
+// New returns an engine with parameters p; invalid fields take their
+// defaults (check p.Validate() to report them).
+func New(p Params) *Engine {
+	return &Engine{
+		params:  p.sanitized(),
+		pods:    map[string]*podState{},
+		classes: map[string]float64{},
+		noise:   initialNoise,
+	}
+}
+
+// SetParams changes the parameters; what was learned is kept. Invalid
+// fields take their defaults.
+func (e *Engine) SetParams(p Params) { e.params = p.sanitized() }
+
+// Seed records weights that are already live (read from the ServiceEntry
+// when the manager restarts), so nothing learned is lost: they are taken as
+// the pods' capacities until observations say otherwise, and as the weights
+// Envoy has held for as long as any query can see. (Seed knows no Cores:
+// the weights are taken as capacities of pods of equal size; the first
+// observations correct that.)
+func (e *Engine) Seed(now time.Time, w map[string]uint32) {
+	e.start(now)
+	clean := cleanWeights(w)
+	e.history.reset(now, clean)
+	e.live, e.liveAt, e.liveKnown = clean, now, true
+
+	// Express the seeded weights in the units of what is already known.
+	names := sortedNames(clean)
+	var ratios []float64
+	for _, name := range names {
+		if st := e.pods[name]; st != nil && st.known {
+			ratios = append(ratios, st.capacity/float64(clean[name]))
+		}
+	}
+	unit := median(ratios)
+	if len(ratios) == 0 {
+		logSum := 0.0
+		for _, name := range names {
+			logSum += math.Log(float64(clean[name]))
+		}
+		unit = 1 / math.Exp(logSum/float64(max(len(names), 1)))
+	}
+	for _, name := range names {
+		st := e.state(name)
+		st.seen = now
+		if !st.known {
+			st.capacity = clampCapacity(float64(clean[name]) * unit)
+			st.known = true
+		}
+	}
+}
+
+// Applied records that weights w became live at now; the caller calls it
+// after each successful write. Capacity estimates from CPU alone depend on
+// the weights each pod really held over the query window.
+func (e *Engine) Applied(now time.Time, w map[string]uint32) {
+	e.start(now)
+	clean := cleanWeights(w)
+	e.history.record(now, clean, e.mergeBucket())
+	e.history.prune(now.Add(-e.params.horizon() - time.Second))
+	e.live, e.liveAt, e.liveKnown = clean, now, true
+}
+
+// mergeBucket is the finest time resolution the timeline keeps: fine enough
+// to place the writes of a cycle, coarse enough to stay small.
+func (e *Engine) mergeBucket() time.Duration {
+	return max(time.Second, e.params.horizon()/128)
+}
+
+// Weights returns weights for a (possibly changed) set of pods without a
+// new observation, for the endpoint mirror: pods that stay keep their
+// weight, new pods get their initial weight (the estimate for their
+// hardware class when pooling, else the median capacity, scaled by slow
+// start). In fallback every pod gets the same weight.
+func (e *Engine) Weights(now time.Time, pods []Pod) map[string]uint32 {
+	set := canonicalPods(pods)
+	if e.mode == ModeFallback {
+		w, _, _, _ := e.settle(now, set, e.equalProposal(now, set), false, nil)
+		return w
+	}
+	w, _, _, _ := e.settle(now, set, e.holdProposal(now, set), false, nil)
+	return w
+}
+
+// Update runs one cycle: pods is the current endpoint set, obs the query
+// result.
+func (e *Engine) Update(pods []Pod, obs Observation) Result {
+	now := obs.Time
+	set := canonicalPods(pods)
+	e.start(now)
+	e.forgetGone(now, set)
+	e.history.prune(now.Add(-e.params.horizon() - time.Second))
+
+	if obs.Err != nil {
+		return e.unavailable(now, set, ModeHolding, fmt.Sprintf("Metrics query failed: %v", obs.Err))
+	}
+	sig := readSignals(set, obs.Signals)
+	if sig.withCPU == 0 {
+		return e.unavailable(now, set, ModeNoData,
+			fmt.Sprintf("The query returned no CPU data for any of the %d pods", len(set)))
+	}
+	recovered := e.mode == ModeHolding || e.mode == ModeFallback || e.mode == ModeNoData
+	e.lastGood = now
+	if sig.meanCPU < e.params.MinCPU {
+		msg := fmt.Sprintf("Low load: the pods use %.3f cores on average, below the %.3f needed to learn from; weights held",
+			sig.meanCPU, e.params.MinCPU)
+		return e.finish(now, set, ModeLowLoad, e.holdProposal(now, set), false, msg).Result
+	}
+
+	learned := e.learn(now, set, sig)
+	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
+		e.cycle = now.Sub(e.lastUpdate)
+	}
+	e.lastUpdate = now
+	proposal := e.capacityProposal(now, set)
+	res := e.finish(now, set, ModeOptimizing, proposal, true, "")
+	source := "CPU and the weights held"
+	if learned.fromRequests {
+		source = "requests per CPU-second"
+	}
+	prefix := ""
+	if recovered {
+		prefix = "Metrics are back. "
+	}
+	if res.Mode == ModeSteady {
+		res.Message = fmt.Sprintf("%sSteady: the largest gap to a target, %.1f%%, is inside the %.0f%% dead band plus measured noise; learned from %d of %d pods using %s",
+			prefix, 100*res.maxMove, 100*e.params.DeadBand, learned.pods, len(set), source)
+	} else {
+		res.Message = fmt.Sprintf("%sOptimizing: weights moved by up to %.1f%%; learned from %d of %d pods using %s",
+			prefix, 100*res.maxMove, learned.pods, len(set), source)
+	}
+	return res.Result
+}
+
+// unavailable handles a cycle without usable data: hold the weights until
+// Expiry has passed since the last good observation, then fall back to
+// equal weights, which are right on average and wrong by a known amount.
+func (e *Engine) unavailable(now time.Time, set []Pod, mode Mode, reason string) Result {
+	down := now.Sub(e.lastGood)
+	if down <= e.params.Expiry {
+		msg := fmt.Sprintf("%s; holding the last weights, equal weights in %v unless data returns",
+			reason, (e.params.Expiry - down).Round(time.Second))
+		return e.finish(now, set, mode, e.holdProposal(now, set), false, msg).Result
+	}
+	msg := fmt.Sprintf("%s; no usable data for %v, longer than the %v expiry: equal weights",
+		reason, down.Round(time.Second), e.params.Expiry)
+	return e.finish(now, set, ModeFallback, e.equalProposal(now, set), false, msg).Result
+}
+
+// outcome is a Result plus what the messages need.
+type outcome struct {
+	Result
+	maxMove float64
+}
+
+// finish turns a proposal into the published weights and remembers them.
+func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64, stepBound bool, msg string) outcome {
+	var bands []float64
+	if mode == ModeOptimizing {
+		bands = e.moveBands(set)
+	}
+	weights, changed, moved, maxMove := e.settle(now, set, proposal, stepBound, bands)
+	if mode == ModeOptimizing {
+		e.notePublished(set, moved)
+	}
+	if mode == ModeOptimizing && !moved {
+		mode = ModeSteady
+	}
+	e.mode = mode
+	e.last, e.lastAt = weights, now
+	return outcome{
+		Result: Result{
+			Weights:  weights,
+			Changed:  changed,
+			Mode:     mode,
+			Capacity: e.relativeCapacities(set),
+			Message:  msg,
+		},
+		maxMove: maxMove,
+	}
+}
+
+// start begins the expiry clock at the first thing the engine hears.
+func (e *Engine) start(now time.Time) {
+	if !e.started {
+		e.started = true
+		e.lastGood = now
+	}
+}
+
+// state returns the pod's state, creating an empty one.
+func (e *Engine) state(name string) *podState {
+	st := e.pods[name]
+	if st == nil {
+		st = &podState{publishedGain: 1}
+		e.pods[name] = st
+	}
+	return st
+}
+
+// forgetGone drops what was learned about pods that left the set longer
+// than Expiry ago; a pod that only flapped out of readiness keeps it.
+func (e *Engine) forgetGone(now time.Time, set []Pod) {
+	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil {
+			st.seen = now
+		}
+	}
+	forgetAfter := max(e.params.Expiry, e.params.horizon())
+	for name, st := range e.pods {
+		if now.Sub(st.seen) > forgetAfter {
+			delete(e.pods, name)
+		}
+	}
+}
+
+// reference is what the weights are compared against: the live weights,
+// or in dry run (nothing ever applied) the last computed ones.
+func (e *Engine) reference() (map[string]uint32, time.Time) {
+	if e.liveKnown {
+		return e.live, e.liveAt
+	}
+	return e.last, e.lastAt
+}
+
+// canonicalPods sorts pods by name and drops duplicate names, keeping one
+// chosen by content, so that the result never depends on input order.
+func canonicalPods(pods []Pod) []Pod {
+	set := slices.Clone(pods)
+	slices.SortFunc(set, func(a, b Pod) int {
+		return cmp.Or(
+			cmp.Compare(a.Name, b.Name),
+			cmp.Compare(a.Locality, b.Locality),
+			cmp.Compare(a.HardwareClass, b.HardwareClass),
+			a.ReadySince.Compare(b.ReadySince),
+			cmp.Compare(a.Cores, b.Cores),
+		)
+	})
+	return slices.CompactFunc(set, func(a, b Pod) bool { return a.Name == b.Name })
+}
+
+// cleanWeights copies w, raising zeros to 1 (istiod sends weight 0 as 1).
+func cleanWeights(w map[string]uint32) map[string]uint32 {
+	out := make(map[string]uint32, len(w))
+	for name, v := range w {
+		out[name] = max(v, 1)
+	}
+	return out
+}
+
+// relativeCapacities reports each pod's capacity estimate, mean 1.
+func (e *Engine) relativeCapacities(set []Pod) map[string]float64 {
+	caps := e.capacities(set)
+	out := make(map[string]float64, len(set))
+	mean := 0.0
+	for _, c := range caps {
+		mean += c
+	}
+	mean /= float64(max(len(caps), 1))
+	for i, pod := range set {
+		out[pod.Name] = caps[i] / mean
+	}
+	return out
+}
+
+// median of xs (0 for none); xs is reordered.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}

@@ -1,0 +1,432 @@
+package weights
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// podSignal is one pod's usable signals.
+type podSignal struct {
+	cpu, requests       float64
+	hasCPU, hasRequests bool
+}
+
+// signals is the observation reduced to the current set, in set order.
+type signals struct {
+	pods         []podSignal
+	withCPU      int     // pods with a CPU value (zero included)
+	withRequests int     // pods with positive CPU and positive requests
+	meanCPU      float64 // over pods with a CPU value
+}
+
+// usable reports whether a signal value is data: NaN, Inf and negative
+// values are what broken exporters and counter resets produce.
+func usable(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
+
+func readSignals(set []Pod, obs map[string]Signal) signals {
+	s := signals{pods: make([]podSignal, len(set))}
+	total := 0.0
+	for i, pod := range set {
+		raw, ok := obs[pod.Name]
+		if !ok {
+			continue
+		}
+		ps := &s.pods[i]
+		if usable(raw.CPU) {
+			ps.cpu, ps.hasCPU = raw.CPU, true
+			s.withCPU++
+			total += raw.CPU
+		}
+		if usable(raw.Requests) {
+			ps.requests, ps.hasRequests = raw.Requests, true
+		}
+		if ps.hasCPU && ps.cpu > 0 && ps.hasRequests && ps.requests > 0 {
+			s.withRequests++
+		}
+	}
+	if s.withCPU > 0 {
+		s.meanCPU = total / float64(s.withCPU)
+	}
+	return s
+}
+
+const (
+	// saturatedUse is the share of its Cores above which a pod is taken as
+	// saturated: its CPU then shows what it could do, not what it was sent.
+	saturatedUse = 0.97
+	// saturationOnlyBelow: when the pods use this much of their cores on
+	// average, the whole Service is overloaded and saturation says nothing
+	// about how to split the traffic.
+	saturationOnlyBelow = 0.9
+	// saturatedDiscount is how far below its upper bound a saturated pod's
+	// capacity is put: its overload is unknown, and erring low is safe, as
+	// the first cycle it is not saturated measures it exactly.
+	saturatedDiscount = 0.8
+	// minSaturatedDiscount bounds how deep repeated cuts go in one cycle.
+	minSaturatedDiscount = 0.25
+	// An observation more than twice the dead band (at least minSurprise)
+	// and twice surpriseSigmas times the noise away from the estimate (log
+	// scale) is a change, not noise: the estimate restarts from it.
+	minSurprise    = 0.02
+	surpriseSigmas = 4
+	// driftAllowance and driftLimit tune the CUSUM (in noise units): each
+	// observation adds its distance beyond driftAllowance; past driftLimit
+	// the estimate restarts. A shift of d noise levels is caught in about
+	// driftLimit/(d-driftAllowance) cycles.
+	driftAllowance = 1
+	driftLimit     = 8
+	// minNoise is the least noise assumed when judging drift, so that a
+	// tiny bias of a perfect model does not restart estimates all the time.
+	minNoise = 0.005
+	// sharpRange: a sighting whose range is narrower than this ratio came
+	// from steady weights, and measures the pod rather than bounding it.
+	sharpRange = 1.02
+	// minEstimate and maxEstimate bound raw estimates, which only matter
+	// relative to each other, away from underflow and overflow.
+	minEstimate = 1e-30
+	maxEstimate = 1e30
+)
+
+// sighting is what one cycle says about one pod's speed per core: a range,
+// in the raw units of this cycle, that is certain to hold the truth (up to
+// noise), because the window the backend averaged is not known exactly.
+type sighting struct {
+	index     int // in the set
+	lo, hi    float64
+	saturated bool
+}
+
+// learnStats says what a cycle learned from.
+type learnStats struct {
+	pods         int
+	fromRequests bool
+}
+
+// learn folds one observation into the capacity estimates.
+//
+// A pod's speed per core shows in two ways. With request rates, it is
+// requests served per CPU-second. Without them, it is its traffic share per
+// CPU-second, since traffic follows weights; the share is the average over
+// the window the backend saw, taken from the timeline. Either way the
+// numbers are in units that change with the total load, so each cycle
+// first finds the one scale that best fits the current estimates (a median,
+// so one pod that really changed does not drag the rest), and then moves
+// each estimate only as far as its range forces it.
+func (e *Engine) learn(now time.Time, set []Pod, sig signals) learnStats {
+	stats := learnStats{fromRequests: sig.withRequests > 0 && 2*sig.withRequests >= sig.withCPU}
+	sightings := e.sight(now, set, sig, stats.fromRequests)
+	stats.pods = len(sightings)
+	if len(sightings) == 0 {
+		return stats
+	}
+	scale := e.fitScale(set, sightings)
+
+	var residuals []float64
+	for _, s := range sightings {
+		st := e.state(set[s.index].Name)
+		st.seen = now
+		sharp := !s.saturated && s.hi <= sharpRange*s.lo
+		if !st.known {
+			st.capacity = clampCapacity(pointOf(s) / scale)
+			st.known = true
+			if sharp {
+				st.measurements = 1
+			}
+			continue
+		}
+		target := min(max(st.capacity, s.lo/scale), s.hi/scale)
+		r := math.Log(target / st.capacity)
+		if s.saturated {
+			// The pod is overloaded now: act on the bound at once.
+			st.capacity = clampCapacity(target)
+			continue
+		}
+		if sharp && st.measurements >= 2 {
+			residuals = append(residuals, r*r)
+		}
+		e.fold(st, target, r, sharp)
+	}
+	e.measureNoise(residuals)
+	e.rememberClasses(set)
+	e.normalize(set)
+	return stats
+}
+
+// sight turns the signals into sightings, skipping pods the data cannot
+// speak for: no CPU, joined or warming up within the window, or (with
+// request rates) no requests.
+func (e *Engine) sight(now time.Time, set []Pod, sig signals, fromRequests bool) []sighting {
+	segs := e.history.segmentsSince(now, -e.params.horizon().Seconds())
+	if len(e.history.epochs) == 0 {
+		// Nothing was ever applied (dry run): Envoy spreads traffic evenly.
+		virtual := timeline{}
+		virtual.reset(now, equalOver(set))
+		segs = virtual.segmentsSince(now, -e.params.horizon().Seconds())
+	}
+	windows := rateWindows(e.params, segs)
+	// The most of a window that two rates of one query may disagree on.
+	misalignment := 0.0
+	if w, sc := e.params.QueryWindow, e.params.ScrapeInterval; sc > 0 {
+		misalignment = float64(sc) / float64(w-sc)
+	}
+	learnAfter := now.Add(-e.params.horizon())
+
+	// Saturation is only meaningful when some pods have room to spare.
+	useSum, useCount := 0.0, 0
+	for i, pod := range set {
+		if ps := sig.pods[i]; ps.hasCPU && knownCores(pod) {
+			useSum += ps.cpu / pod.Cores
+			useCount++
+		}
+	}
+	judgeSaturation := useCount > 0 && useSum/float64(useCount) < saturationOnlyBelow
+
+	var out []sighting
+	for i, pod := range set {
+		ps := sig.pods[i]
+		if !ps.hasCPU || ps.cpu <= 0 {
+			continue
+		}
+		if !pod.ReadySince.IsZero() && pod.ReadySince.Add(e.params.SlowStart).After(learnAfter) {
+			continue // its window includes time before it was ready or warm
+		}
+		shareLo, shareHi, ok := shareRange(pod.Name, segs, windows)
+		if !ok {
+			continue
+		}
+		s := sighting{index: i}
+		switch {
+		case fromRequests:
+			if !ps.hasRequests || ps.requests <= 0 {
+				continue
+			}
+			// Requests per CPU-second do not depend on the traffic share,
+			// except that requests and CPU may be scraped up to one
+			// interval apart: if the share changed inside the window, the
+			// two rates then saw it for different lengths of time.
+			perCPU := ps.requests / ps.cpu
+			spread := (shareHi/shareLo - 1) * misalignment
+			s.lo, s.hi = perCPU/(1+spread), perCPU*(1+spread)
+		case judgeSaturation && knownCores(pod) && ps.cpu >= saturatedUse*pod.Cores:
+			// Busy all the time: it was sent more than it could serve, so
+			// share/CPU only bounds its speed from above. A pod already
+			// estimated must look saturated twice in a row, since noise
+			// alone can show a busy pod at its limit once.
+			// While it stays saturated, each cycle cuts deeper (as TCP
+			// backs off), since the overload is unknown.
+			st := e.state(pod.Name)
+			if st.saturatedAt.Equal(e.lastUpdate) && !e.lastUpdate.IsZero() {
+				st.saturatedCycles++
+			} else {
+				st.saturatedCycles = 0
+			}
+			st.saturatedAt = now
+			if st.known && st.saturatedCycles == 0 {
+				continue
+			}
+			discount := math.Pow(saturatedDiscount, float64(max(st.saturatedCycles, 1)))
+			s.hi = max(discount, minSaturatedDiscount) * shareHi / ps.cpu
+			s.lo = s.hi * minEstimate
+			s.saturated = true
+		default:
+			s.lo, s.hi = shareLo/ps.cpu, shareHi/ps.cpu
+		}
+		if !(s.lo > 0 && s.hi < math.Inf(1)) {
+			continue
+		}
+		s.lo = min(max(s.lo, minEstimate), maxEstimate)
+		s.hi = min(max(s.hi, s.lo), maxEstimate)
+		out = append(out, s)
+	}
+	return out
+}
+
+// pointOf is the single value a sighting suggests when nothing is known.
+func pointOf(s sighting) float64 {
+	if s.saturated {
+		return s.hi
+	}
+	return math.Sqrt(s.lo * s.hi)
+}
+
+// fitScale finds the factor from this cycle's raw units to the estimates'
+// units: the one that puts the most estimates inside their sightings (it
+// minimises the summed log distance to the ranges, a median of their ends).
+func (e *Engine) fitScale(set []Pod, sightings []sighting) float64 {
+	var ends, ratios []float64
+	for _, s := range sightings {
+		st := e.pods[set[s.index].Name]
+		if st == nil || !st.known {
+			continue
+		}
+		ratios = append(ratios, math.Log(pointOf(s)/st.capacity))
+		if !s.saturated {
+			ends = append(ends, math.Log(s.lo/st.capacity), math.Log(s.hi/st.capacity))
+		}
+	}
+	switch {
+	case len(ends) > 0:
+		slices.Sort(ends)
+		n := len(ends) / 2
+		return math.Exp((ends[n-1] + ends[n]) / 2)
+	case len(ratios) > 0:
+		return math.Exp(median(ratios))
+	}
+	// Nothing known yet: any scale will do; pick the one that makes the
+	// estimates about 1.
+	logs := make([]float64, 0, len(sightings))
+	for _, s := range sightings {
+		logs = append(logs, math.Log(pointOf(s)))
+	}
+	return math.Exp(median(logs))
+}
+
+// fold moves an estimate toward target (r = log(target/estimate)).
+// Observations are averaged (1/n, down to Smoothing), which filters noise;
+// a large jump, or a drift that persists, means the pod really changed,
+// and the estimate restarts from the new value. Only sharp observations
+// count towards the average; a blurred one moves the estimate as far as
+// the average would, but weighs nothing later.
+func (e *Engine) fold(st *podState, target, r float64, sharp bool) {
+	jump := 2 * max(e.params.DeadBand, minSurprise, surpriseSigmas*e.noise)
+	z := r / max(e.noise, minNoise)
+	st.driftUp = max(0, st.driftUp+z-driftAllowance)
+	st.driftDown = max(0, st.driftDown-z-driftAllowance)
+	if math.Abs(r) > jump || st.driftUp > driftLimit || st.driftDown > driftLimit {
+		st.capacity = clampCapacity(target)
+		st.measurements = 0
+		if sharp {
+			st.measurements = 1
+		}
+		st.driftUp, st.driftDown = 0, 0
+		return
+	}
+	st.capacity = clampCapacity(st.capacity * math.Exp(e.gain(st)*r))
+	if sharp {
+		st.measurements = min(st.measurements+1, maxMeasurements)
+	}
+}
+
+// gain is the weight of a new observation: a plain average of the
+// measurements so far, down to Smoothing.
+func (e *Engine) gain(st *podState) float64 {
+	return max(e.params.Smoothing, 1/float64(st.measurements+1))
+}
+
+// measureNoise updates the noise level from this cycle's squared residuals
+// of pods at steady weights. The median makes it robust to a pod that
+// really changed; 0.455 is the median of a squared standard normal.
+func (e *Engine) measureNoise(squares []float64) {
+	if len(squares) < 3 {
+		return
+	}
+	variance := median(squares) / 0.455
+	// Average the first few cycles plainly, so the prior is soon forgotten.
+	e.noiseCycles = min(e.noiseCycles+1, 5)
+	g := 1 / float64(e.noiseCycles)
+	blended := (1-g)*e.noise*e.noise + g*variance
+	e.noise = min(max(math.Sqrt(blended), minNoise), 0.5)
+}
+
+// rememberClasses keeps, per hardware class, the geometric mean capacity of
+// its pods that have estimates, so a new pod of that class (or a whole new
+// generation of pods after a rollout) starts from it.
+func (e *Engine) rememberClasses(set []Pod) {
+	sums := map[string]float64{}
+	counts := map[string]int{}
+	for _, pod := range set {
+		st := e.pods[pod.Name]
+		if pod.HardwareClass == "" || st == nil || !st.known {
+			continue
+		}
+		sums[pod.HardwareClass] += math.Log(st.capacity)
+		counts[pod.HardwareClass]++
+	}
+	for _, pod := range set {
+		class := pod.HardwareClass
+		n := counts[class]
+		if n == 0 {
+			continue
+		}
+		if _, known := e.classes[class]; known || len(e.classes) < maxClasses {
+			e.classes[class] = math.Exp(sums[class] / float64(n))
+		}
+	}
+}
+
+// normalize rescales every estimate so the geometric mean over the current
+// pods with estimates is 1: only ratios matter, and this keeps the numbers
+// from drifting with the load.
+func (e *Engine) normalize(set []Pod) {
+	logSum, n := 0.0, 0
+	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil && st.known {
+			logSum += math.Log(st.capacity)
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	g := math.Exp(logSum / float64(n))
+	for _, st := range e.pods {
+		st.capacity = clampCapacity(st.capacity / g)
+	}
+	for class, c := range e.classes {
+		e.classes[class] = clampCapacity(c / g)
+	}
+}
+
+// clampCapacity keeps an estimate finite and positive.
+func clampCapacity(c float64) float64 {
+	if !(c > 1e-9) {
+		return 1e-9
+	}
+	return min(c, 1e9)
+}
+
+// knownCores reports whether the pod's Cores is a plausible CPU limit.
+func knownCores(pod Pod) bool { return pod.Cores > 0 && pod.Cores <= maxCores }
+
+// maxCores is more CPU than any one pod has; larger values are noise.
+const maxCores = 1 << 16
+
+// capacities returns each pod's capacity (speed per core times cores) in
+// set order. A pod without an estimate gets its hardware class's when
+// pooling, else the median of the pods with estimates.
+func (e *Engine) capacities(set []Pod) []float64 {
+	var known, cores []float64
+	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil && st.known {
+			known = append(known, st.capacity)
+		}
+		if knownCores(pod) {
+			cores = append(cores, pod.Cores)
+		}
+	}
+	fallback := median(known)
+	if fallback == 0 {
+		fallback = 1
+	}
+	typicalCores := median(cores)
+	out := make([]float64, len(set))
+	for i, pod := range set {
+		perCore := fallback
+		if st := e.pods[pod.Name]; st != nil && st.known {
+			perCore = st.capacity
+		} else if c, ok := e.classes[pod.HardwareClass]; ok && e.params.PoolByHardware && pod.HardwareClass != "" {
+			perCore = c
+		}
+		podCores := 1.0
+		if typicalCores > 0 {
+			podCores = typicalCores
+			if knownCores(pod) {
+				podCores = pod.Cores
+			}
+			podCores /= typicalCores
+		}
+		out[i] = min(max(perCore*podCores, 1e-12), 1e12)
+	}
+	return out
+}
