@@ -115,6 +115,15 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.failed("ReadFailed", err.Error())
 		return ctrl.Result{}, err
 	}
+	// The weights this mirror applied last win over the live ServiceEntry's,
+	// so a weight another client edited is put back; live weights only count
+	// when the book is empty (after a restart).
+	for _, ep := range r.Weights.Endpoints(req.NamespacedName) {
+		if in.Weights == nil {
+			in.Weights = map[string]uint32{}
+		}
+		in.Weights[ep.Pod] = ep.Weight
+	}
 	res := desired.Compute(in)
 	if r.Loop.enabled() && !settings.DryRun && len(res.Endpoints) > 0 {
 		// The engine's weights for pods that stay; initial weights (slow

@@ -57,10 +57,17 @@ type worker struct {
 
 type target struct{ namespace, service string }
 
-// Start implements manager.Runnable: workers run until ctx ends.
+// Start implements manager.Runnable: workers run until ctx ends. Workers
+// asked for before the loop started (the mirror runs before leader-only
+// runnables) start now.
 func (l *WeightLoop) Start(ctx context.Context) error {
 	l.mu.Lock()
 	l.ctx = ctx
+	for key, w := range l.workers {
+		wctx, cancel := context.WithCancel(ctx)
+		w.cancel = cancel
+		go l.run(wctx, key, w)
+	}
 	l.mu.Unlock()
 	<-ctx.Done()
 	l.mu.Lock()
@@ -86,9 +93,6 @@ func (l *WeightLoop) Ensure(opt *optv1.IstioAdaptiveRequestOptimizer, s Settings
 	tgt := target{opt.TargetNamespace(), opt.Spec.ServiceName}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ctx == nil {
-		return // not started yet; the mirror calls again on its next reconcile
-	}
 	if w := l.workers[key]; w != nil {
 		w.mu.Lock()
 		changed := w.settings.Cycle != s.Cycle
@@ -102,13 +106,16 @@ func (l *WeightLoop) Ensure(opt *optv1.IstioAdaptiveRequestOptimizer, s Settings
 		}
 		return
 	}
-	ctx, cancel := context.WithCancel(l.ctx)
-	w := &worker{cancel: cancel, settings: s, target: tgt, update: make(chan struct{}, 1)}
+	w := &worker{cancel: func() {}, settings: s, target: tgt, update: make(chan struct{}, 1)}
 	if l.workers == nil {
 		l.workers = map[types.NamespacedName]*worker{}
 	}
 	l.workers[key] = w
-	go l.run(ctx, key, w)
+	if l.ctx != nil {
+		ctx, cancel := context.WithCancel(l.ctx)
+		w.cancel = cancel
+		go l.run(ctx, key, w)
+	}
 }
 
 // Stop ends the worker of a deleted optimizer.

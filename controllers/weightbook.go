@@ -28,6 +28,9 @@ type bookEntry struct {
 	// Pods present at the first sight are taken as long-ready.
 	readySince map[string]time.Time
 	outcome    *Outcome
+	// target is the last weights the engine asked for (not in dry run);
+	// the mirror writes them.
+	target map[string]uint32
 }
 
 // Outcome is the result of the last weight cycle, for status and metrics.
@@ -76,7 +79,13 @@ func (b *WeightBook) Weights(key types.NamespacedName, p weights.Params, now tim
 		e.engine.Seed(now, live)
 		e.seeded = true
 	}
-	return e.engine.Weights(now, e.pods(now, eps))
+	w := e.engine.Weights(now, e.pods(now, eps))
+	for pod := range w {
+		if t, ok := e.target[pod]; ok {
+			w[pod] = t
+		}
+	}
+	return w
 }
 
 // pods turns endpoints into engine pods, remembering when each first appeared.
@@ -134,6 +143,11 @@ func (b *WeightBook) Update(key types.NamespacedName, p weights.Params, obs weig
 	res := e.engine.Update(e.pods(obs.Time, e.endpoints), obs)
 	out := Outcome{Time: obs.Time, Result: res, DryRun: dryRun, QueryErr: obs.Err}
 	e.outcome = &out
+	if dryRun {
+		e.target = nil
+	} else if res.Changed || e.target == nil {
+		e.target = res.Weights
+	}
 	return out, append([]desired.Endpoint(nil), e.endpoints...), true
 }
 

@@ -1,0 +1,367 @@
+// Package promsource reads per-pod signals (CPU rate, request rate, or any metric a
+// user's template selects) from any Prometheus-compatible query API: Prometheus,
+// VictoriaMetrics single or cluster, Thanos, Mimir. The base URL may carry a path
+// prefix (http://host/prometheus, http://vmselect:8481/select/0/prometheus).
+//
+// A Source sends exactly one instant query per call, whatever the number of pods,
+// and turns the answer into one value per pod, with a typed error for every way the
+// answer can be wrong.
+package promsource
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"text/template"
+	"time"
+
+	"github.com/prometheus/client_golang/api"
+	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+)
+
+// DefaultTimeout bounds each query when Config.Timeout is zero.
+const DefaultTimeout = 10 * time.Second
+
+// PodLabel is the label that identifies a pod in a query's result.
+const PodLabel = "pod"
+
+// Config configures a Source.
+type Config struct {
+	// URL is the base URL of the query API, without /api/v1: for example
+	// http://prometheus:9090, http://host/prometheus or
+	// http://vmselect:8481/select/0/prometheus. User info in the URL is sent as
+	// basic auth.
+	URL string
+	// Timeout bounds each query, connection included; also sent to the backend as
+	// the query's evaluation timeout. Zero means DefaultTimeout.
+	Timeout time.Duration
+	// BearerToken is sent as "Authorization: Bearer <token>".
+	BearerToken string
+	// BearerTokenFile holds the token; it is read on every query, so rotation is
+	// picked up at once. Mutually exclusive with BearerToken.
+	BearerTokenFile string
+	// CAFile is a PEM bundle of CAs to trust instead of the system pool.
+	CAFile string
+	// CertFile and KeyFile are a PEM client certificate and key, for mutual TLS.
+	// They are reloaded when they change.
+	CertFile, KeyFile string
+	// InsecureSkipVerify disables verification of the server's certificate.
+	InsecureSkipVerify bool
+	// Headers are added to every request, for example X-Scope-OrgID for Mimir,
+	// Cortex or Loki-style multi-tenancy.
+	Headers map[string]string
+}
+
+// Source queries one backend. It is safe for concurrent use; share one Source
+// among all optimizers that use the same backend.
+type Source struct {
+	api       v1.API
+	transport *authTransport
+	timeout   time.Duration
+	url       string // redacted, for errors
+
+	templates sync.Map // template text -> *template.Template
+}
+
+// New validates cfg and returns a Source. It sends no request.
+func New(cfg Config) (*Source, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("metrics URL: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("metrics URL %q: scheme must be http or https", cfg.URL)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("metrics URL %q has no host", cfg.URL)
+	}
+	if u.Fragment != "" {
+		return nil, fmt.Errorf("metrics URL %q: a fragment is not allowed", cfg.URL)
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("timeout must not be negative, got %v", cfg.Timeout)
+	}
+	timeout := cfg.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	rt, err := newTransport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	client, err := api.NewClient(api.Config{Address: cfg.URL, RoundTripper: rt})
+	if err != nil {
+		return nil, err
+	}
+	return &Source{
+		api:       v1.NewAPI(capturingClient{client}),
+		transport: rt,
+		timeout:   timeout,
+		url:       u.Redacted(),
+	}, nil
+}
+
+// Close releases idle connections. The Source stays usable.
+func (s *Source) Close() { s.transport.CloseIdleConnections() }
+
+// Timeout is the per-query timeout in effect.
+func (s *Source) Timeout() time.Duration { return s.timeout }
+
+// Result is the answer to one query.
+type Result struct {
+	// Values holds one finite, non-negative value per pod of the Target that had
+	// a usable series. Never nil when Query returns no error.
+	Values map[string]float64
+	// Missing lists, in Target order, the Target's pods absent from Values.
+	Missing []string
+	// Issues are non-fatal problems, each a typed error (*InvalidSampleError,
+	// *DuplicateSeriesError, *MissingPodLabelError, *UnexpectedPodError,
+	// *WarningsError). Also filled when Query fails, if known.
+	Issues []error
+	// Warnings are the backend's warnings, verbatim.
+	Warnings []string
+	// Query is the rendered PromQL.
+	Query string
+	// Latency is the time the backend took to answer (or to fail). Set whenever a
+	// request was sent, also when Query returns an error.
+	Latency time.Duration
+}
+
+// Err joins the non-fatal issues (nil if none); errors.As finds each one.
+func (r Result) Err() error { return errors.Join(r.Issues...) }
+
+// Query renders the template for t, runs it as ONE instant query evaluated at now
+// (the backend's current time if now is zero), and returns a value per pod, taken
+// from each series' "pod" label.
+//
+// A fatal error (no values at all) is one of *TemplateError, *CredentialsError,
+// *UnreachableError, *ServerError, *BadResponseError, *ResultTypeError or
+// *EmptyResultError; the Result still carries Query, Latency and any Issues.
+// Problems with single series are not fatal: they are dropped and reported in
+// Result.Issues.
+func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time) (Result, error) {
+	q, err := s.render(tmpl, t)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{Query: q}
+
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	exch := &exchange{}
+	ctx = context.WithValue(ctx, exchangeKey{}, exch)
+
+	start := time.Now()
+	val, warnings, err := s.api.Query(ctx, q, now, v1.WithTimeout(s.timeout))
+	res.Latency = time.Since(start)
+	if len(warnings) > 0 {
+		res.Warnings = slices.Clone([]string(warnings))
+		res.Issues = append(res.Issues, &WarningsError{Warnings: res.Warnings})
+	}
+	if err != nil {
+		return res, s.classify(ctx, err, exch)
+	}
+
+	vec, ok := val.(model.Vector)
+	if !ok {
+		got := "null result"
+		if val != nil {
+			got = val.Type().String()
+		}
+		return res, &ResultTypeError{Got: got}
+	}
+	if len(vec) == 0 {
+		return res, &EmptyResultError{Query: q}
+	}
+
+	values, issues := perPod(vec, t.Pods)
+	res.Issues = append(res.Issues, issues...)
+	if len(values) == 0 {
+		return res, &EmptyResultError{Query: q, Series: len(vec)}
+	}
+	res.Values = values
+	seen := make(map[string]bool, len(t.Pods))
+	for _, p := range t.Pods {
+		if _, ok := values[p]; !ok && !seen[p] {
+			res.Missing = append(res.Missing, p)
+		}
+		seen[p] = true
+	}
+	return res, nil
+}
+
+// perPod validates a vector: one finite, non-negative sample per wanted pod.
+// Issues come out sorted by pod, so results are deterministic.
+func perPod(vec model.Vector, pods []string) (map[string]float64, []error) {
+	want := make(map[string]bool, len(pods))
+	for _, p := range pods {
+		want[p] = true
+	}
+	var issues []error
+	byPod := make(map[string][]float64, len(pods))
+	for _, smp := range vec {
+		pod := string(smp.Metric[PodLabel])
+		switch {
+		case pod == "":
+			issues = append(issues, &MissingPodLabelError{Labels: smp.Metric.String()})
+		case !want[pod]:
+			issues = append(issues, &UnexpectedPodError{Pod: pod})
+		default:
+			byPod[pod] = append(byPod[pod], float64(smp.Value))
+		}
+	}
+	values := make(map[string]float64, len(byPod))
+	for _, pod := range slices.Sorted(maps.Keys(byPod)) {
+		vs := byPod[pod]
+		if len(vs) > 1 {
+			same := true
+			for _, v := range vs[1:] {
+				if v != vs[0] {
+					same = false
+				}
+			}
+			issues = append(issues, &DuplicateSeriesError{Pod: pod, Values: vs, Kept: same})
+			if !same {
+				continue
+			}
+		}
+		v := vs[0]
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			issues = append(issues, &InvalidSampleError{Pod: pod, Value: v})
+			continue
+		}
+		values[pod] = v
+	}
+	return values, issues
+}
+
+func (s *Source) render(tmpl string, t Target) (string, error) {
+	var parsed *template.Template
+	if v, ok := s.templates.Load(tmpl); ok {
+		parsed = v.(*template.Template)
+	} else {
+		p, err := parseTemplate(tmpl)
+		if err != nil {
+			return "", err
+		}
+		s.templates.Store(tmpl, p)
+		parsed = p
+	}
+	return execute(parsed, tmpl, t)
+}
+
+// classify turns a client_golang error into one of the package's typed errors.
+func (s *Source) classify(ctx context.Context, err error, exch *exchange) error {
+	var cred *CredentialsError
+	if errors.As(err, &cred) {
+		return cred
+	}
+	status, body := exch.result()
+	var apiErr *v1.Error
+	if errors.As(err, &apiErr) {
+		switch {
+		case status/100 == 2 && apiErr.Type == v1.ErrBadResponse:
+			return badResponse(status, apiErr.Msg, body)
+		case status/100 == 2:
+			// "status":"error" in a 2xx answer.
+			return &ServerError{StatusCode: status, Type: string(apiErr.Type), Message: apiErr.Msg}
+		default:
+			typ, msg := errorFromBody(body)
+			if typ == "" {
+				typ = string(apiErr.Type)
+			}
+			if msg == "" {
+				msg = apiErr.Msg
+			}
+			return &ServerError{StatusCode: status, Type: typ, Message: msg}
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &UnreachableError{URL: s.url, Timeout: true, Err: err}
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return &UnreachableError{URL: s.url, Timeout: true, Err: err}
+	}
+	if status != 0 && ctx.Err() == nil {
+		// An answer came back but could not be decoded.
+		return badResponse(status, err.Error(), body)
+	}
+	return &UnreachableError{URL: s.url, Err: err}
+}
+
+// badResponse reports an answer that could not be decoded. If it declares a
+// result type other than a vector (which client_golang may fail to decode, as it
+// does for strings), that is the clearer error.
+func badResponse(status int, msg string, body []byte) error {
+	var doc struct {
+		Data struct {
+			ResultType string `json:"resultType"`
+		} `json:"data"`
+	}
+	if json.Unmarshal(body, &doc) == nil && doc.Data.ResultType != "" && doc.Data.ResultType != "vector" {
+		return &ResultTypeError{Got: doc.Data.ResultType}
+	}
+	return &BadResponseError{StatusCode: status, Msg: msg}
+}
+
+// errorFromBody extracts the error type and message from an error answer: a
+// Prometheus API document if it is one, else the start of the body as text.
+func errorFromBody(body []byte) (typ, msg string) {
+	var doc struct {
+		Status    string `json:"status"`
+		ErrorType string `json:"errorType"`
+		Error     string `json:"error"`
+	}
+	if json.Unmarshal(body, &doc) == nil && doc.Error != "" {
+		return doc.ErrorType, doc.Error
+	}
+	text := strings.TrimSpace(string(bytes.ToValidUTF8(body, []byte("?"))))
+	const max = 512
+	if len(text) > max {
+		text = text[:max] + "..."
+	}
+	return "", text
+}
+
+// exchange records the last HTTP status and body of one query, so that errors can
+// carry them (client_golang's Query does not return the response).
+type exchange struct {
+	mu     sync.Mutex
+	status int
+	body   []byte
+}
+
+func (e *exchange) result() (int, []byte) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.status, e.body
+}
+
+type exchangeKey struct{}
+
+// capturingClient wraps api.Client to record the response in the query's exchange.
+type capturingClient struct {
+	api.Client
+}
+
+func (c capturingClient) Do(ctx context.Context, req *http.Request) (*http.Response, []byte, error) {
+	resp, body, err := c.Client.Do(ctx, req)
+	if e, ok := ctx.Value(exchangeKey{}).(*exchange); ok && resp != nil {
+		e.mu.Lock()
+		e.status, e.body = resp.StatusCode, body
+		e.mu.Unlock()
+	}
+	return resp, body, err
+}
