@@ -1,0 +1,85 @@
+package main
+
+// edf is Envoy's EdfScheduler: every entry has a deadline; a pick takes the
+// entry with the smallest (deadline, insertion order), advances the
+// scheduler's current time to that deadline and re-adds the entry with
+// deadline current + 1/weight, where the weight is read at re-add time (which
+// is what makes weighted LEAST_REQUEST use the active count seen at pick time).
+type edf struct {
+	h     []edfEntry
+	cur   float64
+	order uint64
+}
+
+type edfEntry struct {
+	deadline float64
+	order    uint64
+	host     int32
+}
+
+func edfLess(a, b *edfEntry) bool {
+	return a.deadline < b.deadline || (a.deadline == b.deadline && a.order < b.order)
+}
+
+// reset empties the scheduler, as a rebuild does.
+func (e *edf) reset() {
+	e.h = e.h[:0]
+	e.cur = 0
+	e.order = 0
+}
+
+// add inserts host at deadline current + 1/weight.
+func (e *edf) add(host int32, weight float64) {
+	e.h = append(e.h, edfEntry{deadline: e.cur + 1/weight, order: e.order, host: host})
+	e.order++
+	// sift up
+	i := len(e.h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !edfLess(&e.h[i], &e.h[p]) {
+			break
+		}
+		e.h[i], e.h[p] = e.h[p], e.h[i]
+		i = p
+	}
+}
+
+// top returns the host to pick and advances the current time to its
+// deadline. It must be followed by readd.
+func (e *edf) top() int32 {
+	e.cur = e.h[0].deadline
+	return e.h[0].host
+}
+
+// readd re-inserts the host returned by top with the given weight.
+func (e *edf) readd(weight float64) {
+	h := e.h
+	h[0].deadline = e.cur + 1/weight
+	h[0].order = e.order
+	e.order++
+	// sift down
+	n := len(h)
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && edfLess(&h[r], &h[l]) {
+			m = r
+		}
+		if !edfLess(&h[m], &h[i]) {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+}
+
+// pickStatic is pickAndAdd with a static weight per host (indexed by host).
+func (e *edf) pickStatic(w []float64) int32 {
+	host := e.top()
+	e.readd(w[host])
+	return host
+}

@@ -1,0 +1,271 @@
+// Command bench is a deterministic discrete-event simulation comparing load
+// balancing strategies (Envoy's built-in algorithms, the seed operator's
+// rules, an oracle and this project's weight package) on scenarios of unlike
+// pods. See docs/benchmarks.md.
+//
+//	go run ./test/bench --scenario FILE [--json]
+//	go run ./test/bench --all DIR [--json]
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+func main() {
+	var (
+		scenarioFile = flag.String("scenario", "", "scenario file (YAML or JSON) to run")
+		allDir       = flag.String("all", "", "run every *.yaml, *.yml and *.json scenario in this directory")
+		asJSON       = flag.Bool("json", false, "print one JSON object per scenario instead of a table")
+		only         = flag.String("strategies", "", "comma-separated strategies to run (default: the scenario's list, else all: "+strings.Join(StrategyNames(), ",")+")")
+		parallel     = flag.Int("parallel", runtime.GOMAXPROCS(0), "simulations run at once")
+		cpuProfile   = flag.String("cpuprofile", "", "write a CPU profile to this file")
+		trace        = flag.String("trace", "", "print every cycle of this optimizer strategy (weights, signals, engine message) to stderr")
+	)
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: bench --scenario FILE | --all DIR | FILE... [--json] [--strategies a,b]\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	files := flag.Args()
+	if *scenarioFile != "" {
+		files = append(files, *scenarioFile)
+	}
+	if *allDir != "" {
+		for _, pat := range []string{"*.yaml", "*.yml", "*.json"} {
+			m, err := filepath.Glob(filepath.Join(*allDir, pat))
+			if err != nil {
+				fatal(err)
+			}
+			files = append(files, m...)
+		}
+		slices.Sort(files)
+	}
+	if len(files) == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	var scs []*Scenario
+	for _, f := range files {
+		sc, err := LoadScenario(f)
+		if err != nil {
+			fatal(err)
+		}
+		if *only != "" {
+			sc.Strategies = strings.Split(*only, ",")
+			for _, n := range sc.Strategies {
+				if _, ok := strategyByName(n); !ok {
+					fatal(fmt.Errorf("unknown strategy %q (known: %s)", n, strings.Join(StrategyNames(), ", ")))
+				}
+			}
+		}
+		scs = append(scs, sc)
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	start := time.Now()
+	traceStrategy = *trace
+	results := RunAll(scs, *parallel)
+	for i, sc := range scs {
+		if *asJSON {
+			if err := writeJSON(os.Stdout, sc, results[i]); err != nil {
+				fatal(err)
+			}
+		} else {
+			writeTable(os.Stdout, sc, results[i])
+		}
+	}
+	fmt.Fprintf(os.Stderr, "bench: %d scenario(s) simulated in %.1fs with %d parallel simulations\n",
+		len(scs), time.Since(start).Seconds(), *parallel)
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+// strategiesOf returns the scenario's strategies in output order.
+func strategiesOf(sc *Scenario) []strategyDef {
+	var out []strategyDef
+	for _, d := range strategyDefs {
+		if len(sc.Strategies) == 0 || slices.Contains(sc.Strategies, d.name) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// traceStrategy names the strategy whose cycles are traced (--trace).
+var traceStrategy string
+
+// RunAll simulates every strategy of every scenario, up to parallel at once.
+// Each simulation is independent and deterministic, so the result does not
+// depend on parallel.
+func RunAll(scs []*Scenario, parallel int) [][]StrategyResult {
+	type job struct{ i, j int }
+	results := make([][]StrategyResult, len(scs))
+	var jobs []job
+	for i, sc := range scs {
+		defs := strategiesOf(sc)
+		results[i] = make([]StrategyResult, len(defs))
+		for j := range defs {
+			jobs = append(jobs, job{i, j})
+		}
+	}
+	// Longest first: optimizer-driven and cswrr runs cost a little more.
+	ch := make(chan job)
+	var wg sync.WaitGroup
+	for range max(1, parallel) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for jb := range ch {
+				def := strategiesOf(scs[jb.i])[jb.j]
+				s := newSim(scs[jb.i], def)
+				if def.name == traceStrategy {
+					s.trace = os.Stderr
+				}
+				results[jb.i][jb.j] = s.run()
+			}
+		}()
+	}
+	for _, jb := range jobs {
+		ch <- jb
+	}
+	close(ch)
+	wg.Wait()
+	return results
+}
+
+// Report is the --json output for one scenario.
+type Report struct {
+	Scenario   string           `json:"scenario"`
+	Strategies []StrategyResult `json:"strategies"`
+}
+
+func clean(v float64) float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return -1
+	}
+	return math.Round(v*1000) / 1000
+}
+
+func writeJSON(w io.Writer, sc *Scenario, rs []StrategyResult) error {
+	out := Report{Scenario: sc.Name}
+	for _, r := range rs {
+		r.P50Ms, r.P99Ms, r.P999Ms, r.MeanMs = clean(r.P50Ms), clean(r.P99Ms), clean(r.P999Ms), clean(r.MeanMs)
+		r.MaxMeanUtil, r.MinMeanUtil = clean(r.MaxMeanUtil), clean(r.MinMeanUtil)
+		if r.P99AfterMs != nil {
+			v := clean(*r.P99AfterMs)
+			r.P99AfterMs = &v
+		}
+		out.Strategies = append(out.Strategies, r)
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
+
+func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
+	pods := 0
+	for _, g := range sc.Pods {
+		pods += g.Count
+	}
+	fmt.Fprintf(w, "## %s\n\n", sc.Name)
+	if sc.Description != "" {
+		fmt.Fprintf(w, "%s\n\n", strings.TrimSpace(sc.Description))
+	}
+	var n uint64
+	if len(rs) > 0 {
+		n = rs[0].Requests
+	}
+	fmt.Fprintf(w, "%d pods, %d clients, load %.2f, %s %s work, %s (first %s excluded, %d requests measured), cycle %s, seed %d\n\n",
+		pods, sc.Clients, sc.Load, sc.Work.Mean.Duration, sc.Work.Distribution, sc.Duration.Duration,
+		sc.Warmup.Duration, n, sc.Cycle.Duration, sc.Seed)
+	after := len(sc.Events) > 0
+	hdr := "| strategy | p50 ms | p99 ms | p99.9 ms |"
+	sep := "|---|---:|---:|---:|"
+	if after {
+		hdr += " p99 after event ms |"
+		sep += "---:|"
+	}
+	hdr += " max/mean util | min/mean util | max queue | publications | converged (cycle) |"
+	sep += "---:|---:|---:|---:|---:|"
+	fmt.Fprintln(w, hdr)
+	fmt.Fprintln(w, sep)
+	for _, r := range rs {
+		line := fmt.Sprintf("| %s | %s | %s | %s |", r.Name, ms(r.P50Ms), ms(r.P99Ms), ms(r.P999Ms))
+		if after {
+			v := math.NaN()
+			if r.P99AfterMs != nil {
+				v = *r.P99AfterMs
+			}
+			line += fmt.Sprintf(" %s |", ms(v))
+		}
+		conv := "never"
+		if r.ConvergeCycle >= 0 {
+			conv = fmt.Sprintf("%d (%s)", r.ConvergeCycle, time.Duration(r.ConvergeCycle)*sc.Cycle.Duration)
+		}
+		line += fmt.Sprintf(" %.3f | %.3f | %d | %d | %s |", r.MaxMeanUtil, r.MinMeanUtil, r.MaxQueue, r.Publications, conv)
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintln(w)
+	for _, r := range rs {
+		if len(r.Modes) > 0 {
+			var parts []string
+			for _, k := range slices.Sorted(mapsKeys(r.Modes)) {
+				parts = append(parts, fmt.Sprintf("%s %d", k, r.Modes[k]))
+			}
+			fmt.Fprintf(w, "- %s engine modes per cycle: %s\n", r.Name, strings.Join(parts, ", "))
+		}
+		for _, note := range r.Notes {
+			fmt.Fprintf(w, "- %s: %s\n", r.Name, note)
+		}
+	}
+	fmt.Fprintln(w)
+}
+
+func ms(v float64) string {
+	switch {
+	case math.IsNaN(v):
+		return "-"
+	case v >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 100:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func mapsKeys(m map[string]int) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,331 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Scenario is one benchmark case, read from a YAML or JSON file.
+type Scenario struct {
+	// Name identifies the scenario in the output. Defaults to the file name.
+	Name        string `json:"name,omitempty"`
+	Description string `json:"description,omitempty"`
+	// Pods is the initial endpoint set, as groups of identical pods.
+	Pods []PodGroup `json:"pods"`
+	// Clients is the number of client sidecars, each with its own Poisson
+	// arrival stream and its own load-balancer state.
+	Clients int `json:"clients"`
+	// Load is the total arrival rate as a fraction of the initial pods' total
+	// capacity (sum of cores*speed/mean work). Events do not change the rate.
+	Load float64 `json:"load"`
+	// Duration of arrivals; requests still in flight at the end are drained.
+	Duration Duration `json:"duration"`
+	// Warmup: requests arriving before it are not measured; utilisation is
+	// measured from it.
+	Warmup Duration `json:"warmup"`
+	// Cycle is the weight recomputation period of the central strategies.
+	Cycle Duration `json:"cycle"`
+	// Work is the CPU work of one request at speed 1.
+	Work Work `json:"work"`
+	// Seed makes the run deterministic; every strategy sees the same arrivals.
+	Seed uint64 `json:"seed"`
+	// Strategies limits the run to these strategies (default: all).
+	Strategies []string `json:"strategies,omitempty"`
+	// Events change the world during the run.
+	Events []Event `json:"events,omitempty"`
+	// Prometheus models the metrics pipeline feeding the central strategies.
+	Prometheus PromConfig `json:"prometheus,omitempty"`
+	// ReportWindow is the window over which a backend measures the qps and
+	// CPU utilisation it reports to cswrr clients (ORCA). Default 1s.
+	ReportWindow Duration `json:"report_window,omitempty"`
+}
+
+// PodGroup is Count identical pods named Name-0 .. Name-(Count-1).
+type PodGroup struct {
+	Name          string  `json:"name"`
+	Count         int     `json:"count,omitempty"` // default 1
+	Cores         int     `json:"cores,omitempty"` // default 1
+	Speed         float64 `json:"speed,omitempty"` // default 1
+	HardwareClass string  `json:"hardware_class,omitempty"`
+	Locality      string  `json:"locality,omitempty"`
+}
+
+// Work describes the request work distribution (time at speed 1).
+type Work struct {
+	Distribution string   `json:"distribution,omitempty"` // exponential (default) | lognormal
+	Mean         Duration `json:"mean"`
+	Sigma        float64  `json:"sigma,omitempty"` // lognormal shape (sd of the log), default 1
+}
+
+// Event types.
+const (
+	EventSetSpeed   = "set_speed"
+	EventAddPods    = "add_pods"
+	EventRemovePods = "remove_pods"
+)
+
+// Event is a change during the run.
+type Event struct {
+	At   Duration `json:"at"`
+	Type string   `json:"type"`
+	// set_speed: the pod and its new speed.
+	Pod   string  `json:"pod,omitempty"`
+	Speed float64 `json:"speed,omitempty"`
+	// add_pods: new groups (names must be new).
+	Pods []PodGroup `json:"pods,omitempty"`
+	// remove_pods: pod names; their in-flight and queued requests finish.
+	Names []string `json:"names,omitempty"`
+}
+
+// PromConfig is the simulated Prometheus.
+type PromConfig struct {
+	ScrapeInterval Duration `json:"scrape_interval,omitempty"` // default 15s
+	RateWindow     Duration `json:"rate_window,omitempty"`     // default 1m
+}
+
+// Duration accepts "1m30s" style strings or a number of seconds.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		d.Duration = v
+		return nil
+	}
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil {
+		return fmt.Errorf("duration must be a string like \"30s\" or a number of seconds: %s", b)
+	}
+	d.Duration = time.Duration(f * float64(time.Second))
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// Seconds of the duration.
+func (d Duration) Seconds() float64 { return d.Duration.Seconds() }
+
+func dur(s float64) Duration { return Duration{time.Duration(s * float64(time.Second))} }
+
+// LoadScenario reads and validates a scenario file (YAML or JSON).
+func LoadScenario(path string) (*Scenario, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := ParseScenario(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if sc.Name == "" {
+		sc.Name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	}
+	return sc, nil
+}
+
+// ParseScenario parses YAML or JSON (unknown fields are errors), applies
+// defaults and validates.
+func ParseScenario(b []byte) (*Scenario, error) {
+	var sc Scenario
+	if err := yaml.UnmarshalStrict(b, &sc); err != nil {
+		return nil, err
+	}
+	if err := sc.defaultAndValidate(); err != nil {
+		return nil, err
+	}
+	return &sc, nil
+}
+
+func (g *PodGroup) defaults() {
+	if g.Count == 0 {
+		g.Count = 1
+	}
+	if g.Cores == 0 {
+		g.Cores = 1
+	}
+	if g.Speed == 0 {
+		g.Speed = 1
+	}
+}
+
+func (g *PodGroup) validate(where string) error {
+	switch {
+	case g.Name == "":
+		return fmt.Errorf("%s: name is required", where)
+	case g.Count < 0 || g.Cores < 0:
+		return fmt.Errorf("%s: count and cores must be positive", where)
+	case g.Speed < 0 || math.IsNaN(g.Speed) || math.IsInf(g.Speed, 0):
+		return fmt.Errorf("%s: speed must be positive", where)
+	}
+	return nil
+}
+
+func (g *PodGroup) names() []string {
+	out := make([]string, g.Count)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d", g.Name, i)
+	}
+	return out
+}
+
+func (sc *Scenario) defaultAndValidate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if sc.Work.Distribution == "" {
+		sc.Work.Distribution = "exponential"
+	}
+	if sc.Work.Distribution == "lognormal" && sc.Work.Sigma == 0 {
+		sc.Work.Sigma = 1
+	}
+	if sc.Cycle.Duration == 0 {
+		sc.Cycle = dur(30)
+	}
+	if sc.Prometheus.ScrapeInterval.Duration == 0 {
+		sc.Prometheus.ScrapeInterval = dur(15)
+	}
+	if sc.Prometheus.RateWindow.Duration == 0 {
+		sc.Prometheus.RateWindow = dur(60)
+	}
+	if sc.ReportWindow.Duration == 0 {
+		sc.ReportWindow = dur(1)
+	}
+	if sc.Clients == 0 {
+		sc.Clients = 1
+	}
+	switch sc.Work.Distribution {
+	case "exponential", "lognormal":
+	default:
+		bad("work.distribution %q: want exponential or lognormal", sc.Work.Distribution)
+	}
+	if sc.Work.Mean.Duration <= 0 {
+		bad("work.mean must be positive")
+	}
+	if sc.Work.Sigma < 0 {
+		bad("work.sigma must not be negative")
+	}
+	if len(sc.Pods) == 0 {
+		bad("pods: at least one group is required")
+	}
+	if sc.Clients < 0 {
+		bad("clients must be positive")
+	}
+	if !(sc.Load > 0) || math.IsInf(sc.Load, 0) {
+		bad("load must be a positive fraction of capacity (e.g. 0.8)")
+	}
+	if sc.Duration.Duration <= 0 {
+		bad("duration must be positive")
+	}
+	if sc.Warmup.Duration < 0 || sc.Warmup.Duration >= sc.Duration.Duration {
+		bad("warmup must be in [0, duration)")
+	}
+	if sc.Cycle.Duration < 0 || sc.Prometheus.ScrapeInterval.Duration < 0 || sc.Prometheus.RateWindow.Duration < 0 || sc.ReportWindow.Duration < 0 {
+		bad("cycle, scrape_interval, rate_window and report_window must be positive")
+	}
+	names := map[string]bool{}
+	addGroup := func(g *PodGroup, where string) {
+		g.defaults()
+		if err := g.validate(where); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		for _, n := range g.names() {
+			if names[n] {
+				bad("%s: pod name %s is used twice", where, n)
+			}
+			names[n] = true
+		}
+	}
+	for i := range sc.Pods {
+		addGroup(&sc.Pods[i], fmt.Sprintf("pods[%d]", i))
+	}
+	// Events are checked in time order against the live pod set.
+	live := map[string]bool{}
+	for n := range names {
+		live[n] = true
+	}
+	order := sortedEventIndex(sc.Events)
+	for _, i := range order {
+		ev := &sc.Events[i]
+		where := fmt.Sprintf("events[%d]", i)
+		if ev.At.Duration < 0 || ev.At.Duration >= sc.Duration.Duration {
+			bad("%s: at must be in [0, duration)", where)
+		}
+		switch ev.Type {
+		case EventSetSpeed:
+			if !live[ev.Pod] {
+				bad("%s: pod %q does not exist at that time", where, ev.Pod)
+			}
+			if !(ev.Speed > 0) || math.IsInf(ev.Speed, 0) {
+				bad("%s: speed must be positive", where)
+			}
+		case EventAddPods:
+			if len(ev.Pods) == 0 {
+				bad("%s: add_pods needs pods", where)
+			}
+			for j := range ev.Pods {
+				addGroup(&ev.Pods[j], fmt.Sprintf("%s.pods[%d]", where, j))
+				for _, n := range ev.Pods[j].names() {
+					live[n] = true
+				}
+			}
+		case EventRemovePods:
+			if len(ev.Names) == 0 {
+				bad("%s: remove_pods needs names", where)
+			}
+			for _, n := range ev.Names {
+				if !live[n] {
+					bad("%s: pod %q does not exist at that time", where, n)
+				}
+				delete(live, n)
+			}
+			if len(live) == 0 {
+				bad("%s: removes every pod", where)
+			}
+		default:
+			bad("%s: type %q: want %s, %s or %s", where, ev.Type, EventSetSpeed, EventAddPods, EventRemovePods)
+		}
+	}
+	for _, s := range sc.Strategies {
+		if _, ok := strategyByName(s); !ok {
+			bad("strategies: unknown %q (known: %s)", s, strings.Join(StrategyNames(), ", "))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sortedEventIndex returns event indexes ordered by time, then file order.
+func sortedEventIndex(evs []Event) []int {
+	idx := make([]int, len(evs))
+	for i := range idx {
+		idx[i] = i
+	}
+	for i := 1; i < len(idx); i++ { // insertion sort: stable, tiny inputs
+		for j := i; j > 0 && evs[idx[j]].At.Duration < evs[idx[j-1]].At.Duration; j-- {
+			idx[j], idx[j-1] = idx[j-1], idx[j]
+		}
+	}
+	return idx
+}
+
+// capacity of the initial pods in requests per second.
+func (sc *Scenario) initialCapacity() float64 {
+	c := 0.0
+	for _, g := range sc.Pods {
+		c += float64(g.Count*g.Cores) * g.Speed
+	}
+	return c / sc.Work.Mean.Seconds()
+}

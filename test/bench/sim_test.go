@@ -1,0 +1,457 @@
+package main
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func mustParse(t *testing.T, y string) *Scenario {
+	t.Helper()
+	sc, err := ParseScenario([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Name == "" {
+		sc.Name = t.Name()
+	}
+	return sc
+}
+
+func runSim(t *testing.T, sc *Scenario, name string) (*sim, StrategyResult) {
+	t.Helper()
+	def, ok := strategyByName(name)
+	if !ok {
+		t.Fatalf("no strategy %s", name)
+	}
+	s := newSim(sc, def)
+	return s, s.run()
+}
+
+// erlangC is the mean sojourn time of an M/M/c queue.
+func erlangC(lambda, mu float64, c int) float64 {
+	a := lambda / mu
+	rho := a / float64(c)
+	term, sum := 1.0, 0.0
+	for k := 0; k < c; k++ {
+		sum += term
+		term *= a / float64(k+1)
+	}
+	// term = a^c/c!
+	pc := term / (1 - rho)
+	C := pc / (sum + pc)
+	return C/(float64(c)*mu-lambda) + 1/mu
+}
+
+func TestMMcMatchesErlangC(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cores int
+		speed float64
+		load  float64
+	}{
+		{"c2-load0.7", 2, 1, 0.7},
+		{"c3-speed0.5-load0.8", 3, 0.5, 0.8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := mustParse(t, `
+pods: [{name: p, cores: 1, speed: 1}]
+clients: 1
+load: 0.5
+duration: 3000s
+warmup: 100s
+work: {mean: 10ms}
+seed: 7
+strategies: [rr]
+`)
+			sc.Pods[0].Cores, sc.Pods[0].Speed, sc.Load = tc.cores, tc.speed, tc.load
+			_, r := runSim(t, sc, "rr")
+			mu := tc.speed / 0.010
+			lambda := tc.load * mu * float64(tc.cores)
+			want := erlangC(lambda, mu, tc.cores) * 1e3
+			if rel := math.Abs(r.MeanMs/want - 1); rel > 0.02 {
+				t.Fatalf("mean latency %.3f ms, Erlang-C %.3f ms: off by %.1f%%", r.MeanMs, want, rel*100)
+			}
+			t.Logf("mean latency %.3f ms, Erlang-C %.3f ms, %d requests", r.MeanMs, want, r.Requests)
+		})
+	}
+}
+
+func TestEDFPickSharesEqualWeightShares(t *testing.T) {
+	w := []float64{1, 2, 3, 5, 13, 100, 7}
+	var e edf
+	for h := range w {
+		e.add(int32(h), w[h])
+	}
+	total := 0.0
+	for _, v := range w {
+		total += v
+	}
+	rounds := 50
+	counts := make([]int, len(w))
+	for i := 0; i < int(total)*rounds; i++ {
+		counts[e.pickStatic(w)]++
+	}
+	for h, c := range counts {
+		if want := int(w[h]) * rounds; c < want-1 || c > want+1 {
+			t.Errorf("host %d (weight %v): %d picks, want %d", h, w[h], c, want)
+		}
+	}
+}
+
+func TestEDFTiesInInsertionOrder(t *testing.T) {
+	var e edf
+	for h := range 4 {
+		e.add(int32(h), 1)
+	}
+	w := []float64{1, 1, 1, 1}
+	var got []int32
+	for range 8 {
+		got = append(got, e.pickStatic(w))
+	}
+	want := []int32{0, 1, 2, 3, 0, 1, 2, 3}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("picks %v, want %v", got, want)
+		}
+	}
+}
+
+const tinyHetero = `
+pods:
+  - {name: fast, count: 2, cores: 2, speed: 1.0, hardware_class: gen3}
+  - {name: slow, count: 2, cores: 2, speed: 0.4, hardware_class: gen1}
+clients: 4
+load: 0.7
+duration: 150s
+warmup: 30s
+work: {mean: 10ms}
+seed: 3
+events:
+  - {at: 100s, type: set_speed, pod: fast-1, speed: 0.5}
+`
+
+func TestAllStrategiesSeeIdenticalArrivals(t *testing.T) {
+	sc := mustParse(t, tinyHetero)
+	res := RunAll([]*Scenario{sc}, 2)[0]
+	if len(res) != len(strategyDefs) {
+		t.Fatalf("%d results", len(res))
+	}
+	for _, r := range res[1:] {
+		if r.Arrivals != res[0].Arrivals || r.ArrivalHash != res[0].ArrivalHash {
+			t.Errorf("%s: %d arrivals hash %x; %s: %d arrivals hash %x",
+				r.Name, r.Arrivals, r.ArrivalHash, res[0].Name, res[0].Arrivals, res[0].ArrivalHash)
+		}
+	}
+	if res[0].Arrivals == 0 {
+		t.Fatal("no arrivals")
+	}
+	// Deterministic: a second run gives the same numbers.
+	again := RunAll([]*Scenario{sc}, 1)[0]
+	for i := range res {
+		if res[i].P99Ms != again[i].P99Ms || res[i].Publications != again[i].Publications {
+			t.Errorf("%s: not deterministic: p99 %v vs %v", res[i].Name, res[i].P99Ms, again[i].P99Ms)
+		}
+	}
+}
+
+func servedShares(s *sim) []float64 {
+	total := 0.0
+	for _, p := range s.pods {
+		total += p.reqs
+	}
+	out := make([]float64, len(s.pods))
+	for i, p := range s.pods {
+		out[i] = p.reqs / total
+	}
+	return out
+}
+
+func TestRoundRobinSendsEqualCounts(t *testing.T) {
+	sc := mustParse(t, `
+pods: [{name: a, cores: 1, speed: 1}, {name: b, cores: 1, speed: 0.5}, {name: c, cores: 4, speed: 2}]
+clients: 1
+load: 0.3
+duration: 100s
+warmup: 0s
+work: {mean: 10ms}
+`)
+	s, _ := runSim(t, sc, "rr")
+	n := s.pods[0].reqs
+	for _, p := range s.pods {
+		if math.Abs(p.reqs-n) > 1 {
+			t.Fatalf("rr counts differ: %v %v %v", s.pods[0].reqs, s.pods[1].reqs, s.pods[2].reqs)
+		}
+	}
+}
+
+func twoPodSim(t *testing.T, strategy string) *sim {
+	sc := mustParse(t, `
+pods: [{name: a, cores: 1, speed: 1}, {name: b, cores: 1, speed: 0.5}]
+clients: 1
+load: 0.5
+duration: 10s
+warmup: 0s
+work: {mean: 10ms}
+`)
+	def, _ := strategyByName(strategy)
+	s := newSim(sc, def)
+	if s.ctl != nil {
+		s.ctl.start(s)
+	}
+	s.rebuild(0)
+	return s
+}
+
+func pickShares(s *sim, n int) []float64 {
+	counts := make([]float64, s.P)
+	for range n {
+		counts[s.pick(&s.clients[0], 0)]++
+	}
+	for i := range counts {
+		counts[i] /= float64(n)
+	}
+	return counts
+}
+
+func TestLeastRequestIsPowerOfTwoChoices(t *testing.T) {
+	s := twoPodSim(t, "lr")
+	s.active[0], s.active[1] = 3, 0 // client 0's own view
+	// Pod a is picked only when both samples are a: 1/4.
+	if got := pickShares(s, 200000); math.Abs(got[0]-0.25) > 0.01 {
+		t.Fatalf("share of the busier pod %.3f, want 0.25", got[0])
+	}
+	s.active[0], s.active[1] = 1, 1 // ties: first sample wins, 1/2 each
+	if got := pickShares(s, 200000); math.Abs(got[0]-0.5) > 0.01 {
+		t.Fatalf("share with equal actives %.3f, want 0.5", got[0])
+	}
+}
+
+func TestOracleWeightsAreCapacity(t *testing.T) {
+	s := twoPodSim(t, "wrr_oracle")
+	if math.Abs(s.weights[0]/s.weights[1]-2) > 0.005 {
+		t.Fatalf("oracle weights %v, want 2:1", s.weights[:2])
+	}
+	if got := pickShares(s, 30000); math.Abs(got[0]-2.0/3) > 0.001 {
+		t.Fatalf("wrr share of the fast pod %.4f, want 0.6667", got[0])
+	}
+}
+
+func TestWeightedLeastRequestUsesWeightOverActivePlusOne(t *testing.T) {
+	s := twoPodSim(t, "wlr_oracle") // weights 2:1
+	s.active[0], s.active[1] = 1, 0 // 2/(1+1) = 1/(0+1): equal effective weights
+	s.rebuild(0)
+	if got := pickShares(s, 30000); math.Abs(got[0]-0.5) > 0.001 {
+		t.Fatalf("share %.4f, want 0.5", got[0])
+	}
+	s.active[0], s.active[1] = 0, 0
+	s.rebuild(0)
+	if got := pickShares(s, 30000); math.Abs(got[0]-2.0/3) > 0.001 {
+		t.Fatalf("share %.4f, want 0.6667", got[0])
+	}
+}
+
+func TestCSWRRBlackoutExpiryAndQPSOverUtilisation(t *testing.T) {
+	sc := mustParse(t, `
+pods: [{name: a, cores: 8, speed: 1}, {name: b, cores: 8, speed: 0.5}, {name: c, cores: 8, speed: 0.5}]
+clients: 1
+load: 0.5
+duration: 60s
+warmup: 0s
+work: {mean: 10ms}
+`)
+	def, _ := strategyByName("cswrr")
+	s := newSim(sc, def)
+	s.run()
+	c := &s.clients[0]
+	// After the blackout: weight = qps/utilisation = capacity (800 and 400 req/s).
+	for i, want := range []float64{800, 400, 400} {
+		if math.Abs(c.w[i]/want-1) > 0.15 {
+			t.Errorf("pod %d weight %v, want about %v", i, c.w[i], want)
+		}
+	}
+	// Blackout: a host whose first report is younger than 10 s, and expiry: a
+	// host without a report for 180 s, both get the median of the valid ones.
+	s.now = 1000
+	c.cs[0] = csHost{weight: 90, nonEmptySince: 500, lastUpdate: 999}
+	c.cs[1] = csHost{weight: 40, nonEmptySince: 995, lastUpdate: 999} // blackout
+	c.cs[2] = csHost{weight: 30, nonEmptySince: 100, lastUpdate: 700} // expired
+	s.cswrrUpdate(0)
+	if c.w[0] != 90 || c.w[1] != 90 || c.w[2] != 90 {
+		t.Errorf("weights %v, want [90 90 90]", c.w)
+	}
+	if c.cs[2].nonEmptySince != -1 {
+		t.Errorf("expired host keeps non_empty_since %v", c.cs[2].nonEmptySince)
+	}
+	c.cs[1].nonEmptySince = 980 // out of blackout: own weight
+	s.cswrrUpdate(0)
+	if c.w[1] != 40 || c.w[2] != 90 {
+		t.Errorf("weights %v, want [90 40 90] (median of 40, 90 is the upper one)", c.w)
+	}
+}
+
+func TestSeedDevRule(t *testing.T) {
+	w := []float64{1000, 1000, 1000}
+	mult := []float64{1, 1, 1}
+	cpu := []float64{1.0, 1.02, 2.0} // avg 1.34
+	if !seedDevStep(w, mult, cpu) {
+		t.Fatal("step failed")
+	}
+	// Clamped to 600, scaled by 350/600 to 350; multipliers for the next cycle.
+	for i, v := range w {
+		if v != 350 {
+			t.Errorf("w[%d] = %v, want 350", i, v)
+		}
+	}
+	avg := (1.0 + 1.02 + 2.0) / 3
+	for i, v := range cpu {
+		want := 1 - (v-avg)*0.01/avg
+		if math.Abs(mult[i]-want) > 1e-12 {
+			t.Errorf("mult[%d] = %v, want %v", i, mult[i], want)
+		}
+	}
+	// Next cycle applies the previous multipliers, truncated, then 350/median.
+	prev := append([]float64(nil), mult...)
+	seedDevStep(w, mult, cpu)
+	raw := []float64{math.Trunc(350 * prev[0]), math.Trunc(350 * prev[1]), math.Trunc(350 * prev[2])}
+	med := raw[1]
+	for i := range w {
+		if want := math.Trunc(raw[i] * 350 / med); w[i] != want {
+			t.Errorf("cycle 2 w[%d] = %v, want %v", i, w[i], want)
+		}
+	}
+	// Within 5% of the average: no change.
+	w, mult = []float64{500, 500}, []float64{1, 1}
+	seedDevStep(w, mult, []float64{1.0, 1.04})
+	if mult[0] != 1 || mult[1] != 1 {
+		t.Errorf("dead band: mult %v", mult)
+	}
+	if seedDevStep(w, mult, []float64{0, math.NaN()}) {
+		t.Error("all-zero CPU must fail like the seed's NaN")
+	}
+}
+
+func TestSeedMainRule(t *testing.T) {
+	w := []float64{1000, 1000}
+	if !seedMainStep(w, []float64{0.1, 0.2}) || w[0] != 600 || w[1] != 600 {
+		t.Fatalf("low CPU: %v, want all 600", w)
+	}
+	w = []float64{1000, 1000}
+	seedMainStep(w, []float64{1, 3}) // avg 2: shares 2/(2+2/3) x 2000 = 1500 and 500
+	// pod 0: +0.15 x 500 = 75 (cap 2000/2/4 = 250); pod 1: -75.
+	if w[0] != 1075 || w[1] != 925 {
+		t.Fatalf("w = %v, want [1075 925]", w)
+	}
+	w = []float64{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000}
+	seedMainStep(w, []float64{0.3, 10, 10, 10, 10, 10, 10, 10}) // increase capped at 8000/8/4
+	if w[0] != 1250 {
+		t.Fatalf("capped increase: w[0] = %v, want 1250", w[0])
+	}
+}
+
+func TestPrometheusRate(t *testing.T) {
+	// 1/s counter scraped every 15 s, window (0, 60]: samples 5..50 → the
+	// gaps (5 s and 10 s) are below 1.1 x 15 s: extrapolated to 60 s.
+	ts := []float64{5, 20, 35, 50}
+	vs := []float64{100, 115, 130, 145}
+	if got := extrapolatedRate(ts, vs, 0, 60); math.Abs(got-1) > 1e-12 {
+		t.Fatalf("rate %v, want 1", got)
+	}
+	// A counter starting at 0 is not extrapolated below zero.
+	vs = []float64{0, 15, 30, 45}
+	if got, want := extrapolatedRate(ts, vs, 0, 60), 55.0/60; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("rate %v, want %v", got, want)
+	}
+	// A gap larger than 1.1 intervals extrapolates by half an interval.
+	ts, vs = []float64{30, 45}, []float64{100, 115}
+	if got, want := extrapolatedRate(ts, vs, 0, 60), 15*(15+7.5+15)/15/60; math.Abs(got-want) > 1e-12 {
+		t.Fatalf("rate %v, want %v", got, want)
+	}
+}
+
+func TestHistogramQuantiles(t *testing.T) {
+	h := newHistogram()
+	for i := 1; i <= 100000; i++ {
+		h.add(float64(i) * 1e-4)
+	}
+	for _, q := range []float64{0.5, 0.99, 0.999} {
+		want := q * 10
+		if got := h.quantile(q); math.Abs(got/want-1) > 0.001 {
+			t.Errorf("q%v = %v, want %v", q, got, want)
+		}
+	}
+}
+
+func TestScenarioParsing(t *testing.T) {
+	js := `{"pods":[{"name":"a","count":2}],"clients":2,"load":0.5,"duration":"60s","warmup":10,"work":{"mean":"5ms"}}`
+	sc, err := ParseScenario([]byte(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Warmup.Seconds() != 10 || sc.Cycle.Seconds() != 30 || sc.Pods[0].Cores != 1 || sc.Work.Distribution != "exponential" {
+		t.Fatalf("defaults: %+v", sc)
+	}
+	for _, bad := range []string{
+		`{"pods":[{"name":"a"}],"load":0.5,"duration":"60s","work":{"mean":"5ms"},"typo":1}`,
+		`{"pods":[{"name":"a"}],"load":0,"duration":"60s","work":{"mean":"5ms"}}`,
+		`{"pods":[{"name":"a"}],"load":0.5,"duration":"60s","work":{"mean":"5ms"},"events":[{"at":"10s","type":"set_speed","pod":"nope","speed":1}]}`,
+		`{"pods":[{"name":"a"}],"load":0.5,"duration":"60s","work":{"mean":"5ms"},"strategies":["nope"]}`,
+	} {
+		if _, err := ParseScenario([]byte(bad)); err == nil {
+			t.Errorf("accepted %s", bad)
+		}
+	}
+}
+
+func TestShippedScenariosParse(t *testing.T) {
+	files, _ := filepath.Glob("scenarios/*.yaml")
+	if len(files) < 6 {
+		t.Fatalf("only %d shipped scenarios", len(files))
+	}
+	for _, f := range files {
+		if _, err := LoadScenario(f); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestOptimizerRunsOnPodChurn(t *testing.T) {
+	sc := mustParse(t, tinyHetero+`
+  - {at: 110s, type: add_pods, pods: [{name: new, count: 1, cores: 2, speed: 1}]}
+  - {at: 120s, type: remove_pods, names: [slow-0]}
+`)
+	for _, name := range []string{"optimizer", "optimizer_cpu"} {
+		s, r := runSim(t, sc, name)
+		if r.Publications < 1 || len(r.Notes) > 0 {
+			t.Errorf("%s: %d publications, notes %v", name, r.Publications, r.Notes)
+		}
+		for _, h := range s.hosts {
+			if s.weights[h] < 1 {
+				t.Errorf("%s: weight of %s = %v", name, s.pods[h].name, s.weights[h])
+			}
+		}
+	}
+}
+
+func TestTableAndJSONOutput(t *testing.T) {
+	sc := mustParse(t, tinyHetero)
+	sc.Strategies = []string{"rr", "wrr_oracle"}
+	res := RunAll([]*Scenario{sc}, 2)[0]
+	var b strings.Builder
+	if err := writeJSON(&b, sc, res); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{`"scenario":`, `"p50_ms":`, `"p99_ms":`, `"p999_ms":`, `"max_mean_util":`, `"publications":`, `"converge_cycle":0`} {
+		if !strings.Contains(b.String(), k) {
+			t.Errorf("json lacks %s: %s", k, b.String())
+		}
+	}
+	b.Reset()
+	writeTable(&b, sc, res)
+	if !strings.Contains(b.String(), "| wrr_oracle |") {
+		t.Errorf("table: %s", b.String())
+	}
+	_ = os.Stdout
+}
