@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	istionet "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -82,7 +83,12 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	defer func() {
 		st.apply(opt, r.Clock.Now())
 		if !equalStatus(before, &opt.Status) {
-			if uerr := r.Client.Status().Update(ctx, opt); uerr != nil && !apierrors.IsNotFound(uerr) {
+			switch uerr := r.Client.Status().Update(ctx, opt); {
+			case uerr == nil, apierrors.IsNotFound(uerr):
+			case apierrors.IsConflict(uerr) && err == nil:
+				// The cache was behind; the next reconcile sees the new object.
+				result.RequeueAfter = 100 * time.Millisecond
+			default:
 				err = errors.Join(err, fmt.Errorf("update status: %w", uerr))
 			}
 		}
@@ -155,6 +161,15 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.stalled("ObjectConflict", msg)
 		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "ObjectConflict", "Reconcile", msg)
 		return ctrl.Result{}, nil
+	}
+	if res.VirtualService != nil && len(live.otherVirtualServices) > 0 && live.vs != nil {
+		// Ours came first; removing it would change live routing. Both now
+		// claim the host and Istio keeps only one of them.
+		msg := fmt.Sprintf("VirtualService %s also routes %s, next to the operator's %s/%s; Istio uses only one of them. "+
+			"Delete one, or set routing_mode: none and point that route's destination host at %s",
+			live.otherVirtualServices[0], res.KubernetesHost, live.vs.Namespace, live.vs.Name, res.Host)
+		st.degraded("VirtualServiceConflict", msg)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", msg)
 	}
 	if res.VirtualService != nil {
 		if others := live.otherVirtualServices; len(others) > 0 && live.vs == nil {

@@ -8,6 +8,7 @@ package desired
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math"
 	"sort"
 	"strings"
@@ -191,6 +192,12 @@ func serviceEntry(r Result, labels map[string]string) *istionet.ServiceEntry {
 		ObjectMeta: metav1.ObjectMeta{Name: r.Name, Namespace: r.Namespace, Labels: labels},
 	}
 	se.Spec.Hosts = []string{r.Host}
+	// Without an address, istiod gives every sidecar a wildcard listener
+	// 0.0.0.0_<port> for each TCP port of a STATIC ServiceEntry, which would
+	// capture all TCP traffic on that port to any destination. A fixed
+	// virtual address scopes the listener; clients still reach the pods
+	// through the Kubernetes Service, whose VirtualService routes to this host.
+	se.Spec.Addresses = []string{VirtualAddress(r.Host)}
 	se.Spec.Location = networking.ServiceEntry_MESH_INTERNAL
 	se.Spec.Resolution = networking.ServiceEntry_STATIC
 	for _, p := range r.Ports {
@@ -639,4 +646,15 @@ func CPULimit(pod *corev1.Pod) float64 {
 		total += q.AsApproximateFloat64()
 	}
 	return total
+}
+
+// VirtualAddress is the ServiceEntry's address: a stable hash of the host in
+// 240.241.0.0/16, reserved address space (class E) that no pod or Service
+// uses and that Istio's own auto-allocation (240.240.0.0/16) does not touch.
+func VirtualAddress(host string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(host))
+	v := h.Sum32() % 65534
+	v++ // never 240.241.0.0
+	return fmt.Sprintf("240.241.%d.%d", v>>8, v&0xff)
 }
