@@ -392,9 +392,19 @@ func (r *MirrorReconciler) serverSideApply(ctx context.Context, obj client.Objec
 
 // publish exports the per-pod series of the mirrored endpoints.
 func (r *MirrorReconciler) publish(opt *optv1.IstioAdaptiveRequestOptimizer, res desired.Result) {
+	// In dry run endpoint_weight shows what the engine computed, not what
+	// is applied, so dashboards can compare before switching it off.
+	var computed map[string]uint32
+	if out := r.Weights.Outcome(client.ObjectKeyFromObject(opt)); out != nil && opt.Spec.DryRun {
+		computed = out.Result.Weights
+	}
 	samples := make([]metrics.PodSample, 0, len(res.Endpoints))
 	for _, ep := range res.Endpoints {
-		samples = append(samples, metrics.PodSample{Pod: ep.Pod, IP: ep.Address, Locality: ep.Locality, Weight: ep.Weight})
+		w := ep.Weight
+		if c, ok := computed[ep.Pod]; ok {
+			w = c
+		}
+		samples = append(samples, metrics.PodSample{Pod: ep.Pod, IP: ep.Address, Locality: ep.Locality, Weight: w})
 	}
 	r.Metrics.SetPods(res.Namespace, opt.Spec.ServiceName, samples)
 	r.Metrics.ServiceEndpoints.WithLabelValues(res.Namespace, opt.Spec.ServiceName).Set(float64(len(res.Endpoints)))

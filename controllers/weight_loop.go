@@ -224,7 +224,7 @@ func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Obs
 	m := l.Metrics
 	samples := make([]metrics.PodSample, 0, len(eps))
 	for _, ep := range eps {
-		s := metrics.PodSample{Pod: ep.Pod, IP: ep.Address, Locality: ep.Locality, Weight: out.Result.Weights[ep.Pod]}
+		s := metrics.PodSample{Pod: ep.Pod, IP: ep.Address, Locality: ep.Locality, Weight: out.Result.Weights[ep.Pod], Signals: true}
 		if sig, ok := obs.Signals[ep.Pod]; ok {
 			if !math.IsNaN(sig.CPU) {
 				v := sig.CPU

@@ -123,9 +123,12 @@ func (m *Metrics) Register(r prometheus.Registerer) error {
 type PodSample struct {
 	Pod, IP, Locality string
 	Weight            uint32
-	CPU               *float64
-	RequestRate       *float64
-	Capacity          *float64
+	// Signals says CPU, RequestRate and Capacity are this cycle's values:
+	// a nil one deletes its series. Without it they are left as they are.
+	Signals     bool
+	CPU         *float64
+	RequestRate *float64
+	Capacity    *float64
 }
 
 // SetPods publishes the per-pod series of a service and deletes the series
@@ -139,9 +142,11 @@ func (m *Metrics) SetPods(namespace, service string, pods []PodSample) {
 		k := podKey{p.Pod, p.IP, p.Locality}
 		now[k] = struct{}{}
 		m.EndpointWeight.WithLabelValues(namespace, service, p.IP, p.Locality).Set(float64(p.Weight))
-		setOpt(m.PodCPU, p.CPU, namespace, service, k)
-		setOpt(m.PodRequestRate, p.RequestRate, namespace, service, k)
-		setOpt(m.PodCapacity, p.Capacity, namespace, service, k)
+		if p.Signals {
+			setOpt(m.PodCPU, p.CPU, namespace, service, k)
+			setOpt(m.PodRequestRate, p.RequestRate, namespace, service, k)
+			setOpt(m.PodCapacity, p.Capacity, namespace, service, k)
+		}
 	}
 	for k := range m.pods[sk] {
 		if _, ok := now[k]; !ok {

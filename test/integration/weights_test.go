@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zapcore"
 	istionet "istio.io/client-go/pkg/apis/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -81,6 +82,7 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	testMetrics := metrics.New()
 	defaults := controllers.DefaultEngineDefaults()
 	defaults.Cycle = cycle
 	defaults.Params.QueryWindow = 6 * time.Second
@@ -89,7 +91,7 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if err := controllers.Setup(ctx, mgr, controllers.Dependencies{
-		Clock: clock.RealClock{}, Metrics: metrics.New(), ClusterDomain: "cluster.local", Source: source,
+		Clock: clock.RealClock{}, Metrics: testMetrics, ClusterDomain: "cluster.local", Source: source,
 		Options: controllers.Options{MaxConcurrentReconciles: 2, Engine: defaults},
 	}); err != nil {
 		t.Fatal(err)
@@ -109,7 +111,11 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 		objs = append(objs, Pod(ns, p.name, "api", "node-1", WithSidecar(), WithCPULimit("1")))
 		eps = append(eps, Ready(p.name, IP(20, i+1), "node-1"))
 	}
-	objs = append(objs, EndpointSlice(ns, "api-1", "api", []SlicePort{{Name: "http", Port: 8080}}, eps...), Optimizer(ns, "api", "api"))
+	// The optimizer starts in dry run: weights are computed and published,
+	// not applied.
+	opt := Optimizer(ns, "api", "api")
+	opt.Spec.DryRun = true
+	objs = append(objs, EndpointSlice(ns, "api-1", "api", []SlicePort{{Name: "http", Port: 8080}}, eps...), opt)
 	for _, o := range objs {
 		if err := c.Create(ctx, o); err != nil {
 			t.Fatalf("create %T: %v", o, err)
@@ -148,6 +154,38 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	for _, p := range fleet {
 		wantShare[p.name] = p.speed / (totalCapacity * work)
 	}
+	// Dry run: status and metrics carry capacity-proportional weights while
+	// the ServiceEntry keeps equal ones.
+	eventually(t, 60*time.Second, "dry-run weights in status", func() error {
+		o := getOpt(t, c, ns)
+		w := map[string]float64{}
+		for _, e := range o.Status.Weights {
+			w[e.Pod] = float64(e.Weight)
+		}
+		if len(w) != len(fleet) {
+			return fmt.Errorf("status weights %v", o.Status.Weights)
+		}
+		if err := sharesWithin(w, wantShare, 0.05); err != nil {
+			return err
+		}
+		if c := meta.FindStatusCondition(o.Status.Conditions, "Ready"); c == nil || !strings.Contains(c.Message, "dry run") {
+			return fmt.Errorf("Ready does not say dry run: %+v", c)
+		}
+		return nil
+	})
+	if err := sharesWithin(readWeights(), map[string]float64{"api-fast-0": .25, "api-fast-1": .25, "api-slow-0": .25, "api-slow-1": .25}, 0.001); err != nil {
+		t.Fatalf("dry run changed the ServiceEntry: %v", err)
+	}
+	if got := testutil.ToFloat64(testMetrics.EndpointWeight.WithLabelValues(ns, "api", IP(20, 1), "r/z")); got < 1200 {
+		t.Errorf("endpoint_weight of the fast pod in dry run = %v, want the computed weight (> 1200)", got)
+	}
+	patch := client.MergeFrom(getOpt(t, c, ns))
+	live := getOpt(t, c, ns)
+	live.Spec.DryRun = false
+	if err := c.Patch(ctx, live, patch); err != nil {
+		t.Fatal(err)
+	}
+
 	converged := func() error {
 		w := readWeights()
 		if len(w) != len(fleet) {
