@@ -53,6 +53,7 @@ type MirrorReconciler struct {
 	Defaults      EngineDefaults
 	ClusterDomain string
 	MaxConcurrent int
+	DenyCrossNS   bool
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
@@ -109,6 +110,10 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		}
 	}
 
+	if msg := crossNamespaceDenied(opt, r.DenyCrossNS); msg != "" {
+		st.stalled("CrossNamespaceDenied", msg)
+		return ctrl.Result{}, nil
+	}
 	settings, serr := settingsFor(opt, r.Defaults)
 	if serr != nil {
 		st.degraded("InvalidOptimization", serr.Error())
@@ -453,4 +458,14 @@ func errorType(err error) string {
 		return "timeout"
 	}
 	return "other"
+}
+
+// crossNamespaceDenied explains why an optimizer may not reach into another
+// namespace, or returns "".
+func crossNamespaceDenied(opt *optv1.IstioAdaptiveRequestOptimizer, deny bool) string {
+	if !deny || opt.TargetNamespace() == opt.Namespace {
+		return ""
+	}
+	return fmt.Sprintf("service_namespace %q differs from the optimizer's namespace %q and the manager runs with --deny-cross-namespace; create the optimizer in %q instead",
+		opt.TargetNamespace(), opt.Namespace, opt.TargetNamespace())
 }

@@ -20,11 +20,16 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// Engine holds the defaults of every optimization setting.
 	Engine EngineDefaults
+	// DenyCrossNamespace refuses optimizers whose service_namespace is not
+	// their own, for clusters where namespace owners must not write routing
+	// objects into each other's namespaces.
+	DenyCrossNamespace bool
 }
 
 // BindFlags registers the options as flags.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Optimizers mirrored in parallel.")
+	fs.BoolVar(&o.DenyCrossNamespace, "deny-cross-namespace", false, "Refuse optimizers whose service_namespace differs from their own namespace (they would write routing objects in another namespace).")
 	o.Engine.BindFlags(fs)
 }
 
@@ -72,6 +77,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 		Wake:          wake,
 		ClusterDomain: d.ClusterDomain,
 		MaxConcurrent: d.Options.MaxConcurrentReconciles,
+		DenyCrossNS:   d.Options.DenyCrossNamespace,
 	}
 	if err := mirror.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("set up mirror controller: %w", err)

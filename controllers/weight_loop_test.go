@@ -137,3 +137,18 @@ func TestSettingsForMergesSpecOverDefaults(t *testing.T) {
 		t.Errorf("fallback settings use %q", s.CPUQuery)
 	}
 }
+
+func TestCrossNamespaceDenied(t *testing.T) {
+	same := optimizerFor("team-a", "web")
+	other := optimizerFor("team-a", "web")
+	other.Spec.ServiceNamespace = "team-b"
+	if msg := crossNamespaceDenied(other, false); msg != "" {
+		t.Errorf("allowed by default, got %q", msg)
+	}
+	if msg := crossNamespaceDenied(same, true); msg != "" {
+		t.Errorf("same namespace denied: %q", msg)
+	}
+	if msg := crossNamespaceDenied(other, true); msg == "" {
+		t.Error("cross-namespace optimizer allowed with the deny flag")
+	}
+}

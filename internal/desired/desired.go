@@ -140,6 +140,10 @@ func Compute(in Input) Result {
 		Name:           ObjectName(opt.Spec.ServiceName),
 		Namespace:      ns,
 	}
+	if msg := invalidHost(r.Host, in.ClusterDomain); msg != "" {
+		r.Problems = append(r.Problems, Problem{Reason: "InvalidHost", Fatal: true, Message: msg})
+		return r
+	}
 	if in.Service == nil {
 		r.Problems = append(r.Problems, Problem{Reason: "ServiceNotFound", Fatal: true,
 			Message: fmt.Sprintf("Service %s/%s not found", ns, opt.Spec.ServiceName)})
@@ -657,4 +661,22 @@ func VirtualAddress(host string) string {
 	v := h.Sum32() % 65534
 	v++ // never 240.241.0.0
 	return fmt.Sprintf("240.241.%d.%d", v>>8, v&0xff)
+}
+
+// invalidHost refuses an optimized host that would shadow a Kubernetes
+// Service: Istio prefers the Service over a ServiceEntry of the same host and
+// the mix sends pods twice, and a host of another Service would let an
+// optimizer capture that Service's traffic.
+func invalidHost(host, clusterDomain string) string {
+	if clusterDomain == "" {
+		clusterDomain = "cluster.local"
+	}
+	h := strings.ToLower(strings.TrimSuffix(host, "."))
+	if strings.Contains(h, "*") {
+		return fmt.Sprintf("host %q: wildcards are not allowed for the optimized host", host)
+	}
+	if strings.HasSuffix(h, ".svc") || strings.HasSuffix(h, ".svc."+clusterDomain) || !strings.Contains(h, ".") {
+		return fmt.Sprintf("host %q looks like a Kubernetes Service host; the optimized host must be a name of its own, such as <service>.<namespace>.adaptive", host)
+	}
+	return ""
 }
