@@ -1,25 +1,22 @@
 package conformance
 
-// Fixtures: the user's Kubernetes objects (Service, EndpointSlice, Pods,
-// Nodes) and, for now, hand-made copies of the Istio objects the operator
-// will produce (ServiceEntry on the optimized host, VirtualService for the
-// Kubernetes host, DestinationRule). Everything is derived from one fleet
-// description, so the expectations in conformance_test.go are computed from
-// the same data independently of how the Istio objects come to exist.
-//
-// The seam for the operator is istioProducer: handMadeIstio writes the
-// objects itself; a producer backed by the operator's manager will create
-// an optimizer instead and wait for its objects.
+// Fixtures: the user's side of the contract (Nodes with topology labels,
+// a ServiceAccount, a Service, Pods with an injected sidecar, an
+// EndpointSlice, an IstioAdaptiveRequestOptimizer) and a fake metrics
+// backend. The Istio objects are never written here: the operator's real
+// manager produces them. Expectations are computed from the fleet
+// description (which pods are ready, where, on which ports), independently
+// of the operator; only the weights are taken from the live ServiceEntry,
+// since proving that the sidecar gets "exactly the ServiceEntry's weights"
+// is the point.
 
 import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
-	networking "istio.io/api/networking/v1alpha3"
 	istionet "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -29,22 +26,23 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/test/fixtures"
 	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
 
 const (
 	demoNS         = "demo"
+	clientNS       = "client"
 	serviceName    = "web"
-	serviceAccount = "web"
+	serviceAccount = "web-sa"
+	optimizerName  = "web"
 	kubeHost       = "web.demo.svc.cluster.local"
 	optimizedHost  = "web.demo.adaptive"
-	objectName     = "web-adaptive" // name of the SE, VS and DR
+	objectName     = "web-adaptive" // the operator's ServiceEntry, VirtualService, DestinationRule
 	trustDomain    = "cluster.local"
-
-	labelRegion  = "topology.kubernetes.io/region"
-	labelZone    = "topology.kubernetes.io/zone"
-	labelSubzone = "topology.istio.io/subzone"
-	labelTLSMode = "security.istio.io/tlsMode"
+	sliceName      = "web-x7k2p"
 )
 
 type nodeSpec struct {
@@ -53,33 +51,30 @@ type nodeSpec struct {
 }
 
 type podSpec struct {
-	Name   string
-	IP     string
-	Node   string
-	Ready  bool
-	Weight uint32 // the weight the ServiceEntry carries for this pod
+	Name  string
+	IP    string
+	Node  string
+	Ready bool
+	// Capacity is the pod's requests per CPU-second, what the fake metrics
+	// backend reports (requests and CPU) so the weight engine can learn it.
+	Capacity float64
 }
 
 type portSpec struct {
-	Name       string // Service port name; its prefix gives Istio the protocol
-	Port       int32
-	TargetPort int32
-	Protocol   string // Istio protocol: HTTP, GRPC, TCP
+	Name     string // Service port name (also the EndpointSlice port name)
+	Port     int32
+	Target   intstr.IntOrString // Service targetPort
+	PodPort  int32              // what the pods listen on (the resolved target)
+	Protocol optv1.Protocol     // the optimizer's service_ports protocol
 }
 
-// fleet is the whole scenario.
+// fleet is the whole scenario: three zones of one region, four ready pods
+// and one that never is, and one port of each protocol. The gRPC port has a
+// named targetPort, resolved from the EndpointSlice.
 type fleet struct {
 	Nodes []nodeSpec
 	Pods  []podSpec
 	Ports []portSpec
-	// LocalityEnabled adds localityLbSetting and outlierDetection to the DR.
-	LocalityEnabled bool
-	// Routing: a VirtualService sends the Kubernetes host to the optimized
-	// host (false = routing mode "none").
-	Routing bool
-	// SEAddresses, when set, become the ServiceEntry's spec.addresses (see
-	// TestTCPPortCapture for why this matters for TCP ports).
-	SEAddresses []string
 }
 
 func defaultFleet() fleet {
@@ -89,22 +84,20 @@ func defaultFleet() fleet {
 			{"node-b", harness.Locality{Region: "r1", Zone: "zb", SubZone: "sb"}},
 			{"node-c", harness.Locality{Region: "r1", Zone: "zc", SubZone: "sc"}},
 		},
-		// Pod IPs are not loopback: the API server rejects EndpointSlice
-		// addresses in 127.0.0.0/8 ("may not be in the loopback range").
-		// Nothing here sends traffic, so any non-loopback address works.
+		// Pod IPs are identifiers only (198.18.0.0/15): the API server
+		// rejects loopback EndpointSlice addresses, and nothing is sent.
 		Pods: []podSpec{
-			{"web-0", "10.244.1.1", "node-a", true, 100},
-			{"web-1", "10.244.1.2", "node-b", true, 200},
-			{"web-2", "10.244.1.3", "node-b", true, 300},
-			{"web-3", "10.244.1.4", "node-c", true, 400},
-			{"web-4", "10.244.1.5", "node-a", false, 500}, // not ready: must never be routed
+			{"web-0", fixtures.IP(1, 1), "node-a", true, 100},
+			{"web-1", fixtures.IP(1, 2), "node-b", true, 200},
+			{"web-2", fixtures.IP(1, 3), "node-b", true, 300},
+			{"web-3", fixtures.IP(1, 4), "node-c", true, 400},
+			{"web-4", fixtures.IP(1, 5), "node-a", false, 250}, // never ready: must never be routed
 		},
 		Ports: []portSpec{
-			{"http", 80, 8080, "HTTP"},
-			{"grpc", 9090, 9090, "GRPC"},
-			{"tcp", 5432, 5432, "TCP"},
+			{"http", 80, intstr.FromInt32(8080), 8080, optv1.ProtocolHTTP},
+			{"grpc", 9090, intstr.FromString("grpc-app"), 50051, optv1.ProtocolGRPC},
+			{"tcp", 5432, intstr.FromInt32(6432), 6432, optv1.ProtocolTCP},
 		},
-		Routing: true,
 	}
 }
 
@@ -127,99 +120,38 @@ func (f fleet) readyPods() []podSpec {
 	return out
 }
 
-func (f *fleet) setPod(name string, mut func(*podSpec)) {
+func (f *fleet) setReady(name string, ready bool) {
 	for i := range f.Pods {
 		if f.Pods[i].Name == name {
-			mut(&f.Pods[i])
+			f.Pods[i].Ready = ready
 			return
 		}
 	}
 	panic("unknown pod " + name)
 }
 
-// expectedEndpoint is what the sidecar must see for one ready pod on one port.
-type expectedEndpoint struct {
-	Key      string // ip:targetPort
-	Weight   uint32
-	Locality harness.Locality
-}
-
-func (f fleet) expectedEndpoints(p portSpec) []expectedEndpoint {
-	var out []expectedEndpoint
-	for _, pod := range f.readyPods() {
-		out = append(out, expectedEndpoint{
-			Key:      fmt.Sprintf("%s:%d", pod.IP, p.TargetPort),
-			Weight:   pod.Weight,
-			Locality: f.node(pod.Node).Locality,
-		})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
-	return out
-}
-
 // ---- The user's Kubernetes objects ----
 
-func namespaceObj(name string) *corev1.Namespace {
-	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-}
-
-func nodeObj(n nodeSpec) *corev1.Node {
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name: n.Name,
-		Labels: map[string]string{
-			labelRegion:              n.Locality.Region,
-			labelZone:                n.Locality.Zone,
-			labelSubzone:             n.Locality.SubZone,
-			"kubernetes.io/hostname": n.Name,
-		},
-	}}
-}
-
-func serviceAccountObj() *corev1.ServiceAccount {
-	return &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: serviceAccount, Namespace: demoNS}}
-}
-
 func serviceObj(f fleet) *corev1.Service {
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: serviceName, Namespace: demoNS, Labels: map[string]string{"app": serviceName}},
-		Spec: corev1.ServiceSpec{
-			Type:     corev1.ServiceTypeClusterIP,
-			Selector: map[string]string{"app": serviceName},
-		},
-	}
+	var ports []corev1.ServicePort
 	for _, p := range f.Ports {
-		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{
-			Name: p.Name, Port: p.Port, TargetPort: intstr.FromInt32(p.TargetPort), Protocol: corev1.ProtocolTCP,
-		})
+		ports = append(ports, fixtures.ServicePort(p.Name, p.Port, p.Target))
 	}
-	return svc
+	return fixtures.Service(demoNS, serviceName, ports...)
 }
 
-// podObj is a pod with an (as if injected) Istio sidecar.
+// podObj is a pod with an (as if injected) Istio sidecar and a service account.
 func podObj(f fleet, p podSpec) *corev1.Pod {
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: p.Name, Namespace: demoNS,
-			Labels: map[string]string{
-				"app":                                 serviceName,
-				labelTLSMode:                          "istio",
-				"service.istio.io/canonical-name":     serviceName,
-				"service.istio.io/canonical-revision": "v1",
-			},
-			Annotations: map[string]string{"sidecar.istio.io/status": `{"containers":["istio-proxy"]}`},
-		},
-		Spec: corev1.PodSpec{
-			NodeName:           p.Node,
-			ServiceAccountName: serviceAccount,
-			Containers: []corev1.Container{
-				{Name: "app", Image: "example.invalid/web:1"},
-				{Name: "istio-proxy", Image: "example.invalid/proxyv2:1"},
-			},
-		},
-	}
+	opts := []fixtures.PodOption{fixtures.WithSidecar(), fixtures.WithServiceAccount(serviceAccount)}
 	for _, port := range f.Ports {
-		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports, corev1.ContainerPort{Name: port.Name, ContainerPort: port.TargetPort})
+		name := port.Name
+		if port.Target.Type == intstr.String {
+			name = port.Target.StrVal
+		}
+		opts = append(opts, fixtures.WithContainerPort(name, port.PodPort))
 	}
+	pod := fixtures.Pod(demoNS, p.Name, serviceName, p.Node, opts...)
+	pod.Labels["security.istio.io/tlsMode"] = "istio"
 	return pod
 }
 
@@ -232,62 +164,59 @@ func podStatus(p podSpec) corev1.PodStatus {
 		Phase:  corev1.PodRunning,
 		PodIP:  p.IP,
 		PodIPs: []corev1.PodIP{{IP: p.IP}},
-		HostIP: "127.0.0.1",
 		Conditions: []corev1.PodCondition{
-			{Type: corev1.PodReady, Status: ready},
-			{Type: corev1.ContainersReady, Status: ready},
+			{Type: corev1.PodReady, Status: ready, LastTransitionTime: metav1.Now()},
+			{Type: corev1.ContainersReady, Status: ready, LastTransitionTime: metav1.Now()},
 		},
 	}
 }
 
+// endpointSliceObj is the slice the EndpointSlice controller would write.
 func endpointSliceObj(f fleet) *discoveryv1.EndpointSlice {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: serviceName + "-abcde", Namespace: demoNS,
-			Labels: map[string]string{
-				discoveryv1.LabelServiceName: serviceName,
-				discoveryv1.LabelManagedBy:   "endpointslice-controller.k8s.io",
-			},
-		},
-		AddressType: discoveryv1.AddressTypeIPv4,
-	}
+	var ports []fixtures.SlicePort
 	for _, p := range f.Ports {
-		es.Ports = append(es.Ports, discoveryv1.EndpointPort{
-			Name: ptr.To(p.Name), Port: ptr.To(p.TargetPort), Protocol: ptr.To(corev1.ProtocolTCP),
-		})
+		ports = append(ports, fixtures.SlicePort{Name: p.Name, Port: p.PodPort})
 	}
+	var eps []fixtures.Endpoint
 	for _, p := range f.Pods {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
-			Addresses: []string{p.IP},
-			Conditions: discoveryv1.EndpointConditions{
-				Ready: ptr.To(p.Ready), Serving: ptr.To(p.Ready), Terminating: ptr.To(false),
-			},
-			NodeName:  ptr.To(p.Node),
-			Zone:      ptr.To(f.node(p.Node).Locality.Zone),
-			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: demoNS, Name: p.Name},
-		})
+		if p.Ready {
+			eps = append(eps, fixtures.Ready(p.Name, p.IP, p.Node))
+		} else {
+			eps = append(eps, fixtures.NotReady(p.Name, p.IP, p.Node))
+		}
 	}
-	return es
+	s := fixtures.EndpointSlice(demoNS, sliceName, serviceName, ports, eps...)
+	s.Labels[discoveryv1.LabelManagedBy] = "endpointslice-controller.k8s.io"
+	for i, p := range f.Pods {
+		s.Endpoints[i].Zone = ptr.To(f.node(p.Node).Locality.Zone)
+	}
+	return s
 }
 
-// createKubernetesObjects creates the namespaces, Nodes, ServiceAccount,
-// Service, Pods (with a running status) and the EndpointSlice.
-func createKubernetesObjects(ctx context.Context, c client.Client, f fleet, extraNamespaces ...string) error {
-	for _, ns := range append([]string{demoNS}, extraNamespaces...) {
-		if err := createIgnoreExists(ctx, c, namespaceObj(ns)); err != nil {
-			return err
-		}
+// optimizerObj is the user's resource, in the seed's spelling: all three
+// ports with their protocols, default routing, locality off.
+func optimizerObj(f fleet) *optv1.IstioAdaptiveRequestOptimizer {
+	var ports []optv1.ServicePort
+	for _, p := range f.Ports {
+		ports = append(ports, optv1.ServicePort{Number: p.Port, Protocol: p.Protocol})
 	}
+	return fixtures.Optimizer(demoNS, optimizerName, serviceName, ports...)
+}
+
+// createKubernetesObjects creates namespaces, Nodes, the ServiceAccount,
+// Service, Pods (with a running status), the EndpointSlice and the optimizer.
+func createKubernetesObjects(ctx context.Context, c client.Client, f fleet) error {
+	objs := []client.Object{fixtures.Namespace(demoNS), fixtures.Namespace(clientNS)}
 	for _, n := range f.Nodes {
-		if err := createIgnoreExists(ctx, c, nodeObj(n)); err != nil {
-			return err
+		node := fixtures.Node(n.Name, n.Locality.Region, n.Locality.Zone, n.Locality.SubZone, "m5.large")
+		node.Labels["kubernetes.io/hostname"] = n.Name
+		objs = append(objs, node)
+	}
+	objs = append(objs, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: demoNS, Name: serviceAccount}}, serviceObj(f))
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create %T %s: %w", o, o.GetName(), err)
 		}
-	}
-	if err := createIgnoreExists(ctx, c, serviceAccountObj()); err != nil {
-		return err
-	}
-	if err := c.Create(ctx, serviceObj(f)); err != nil {
-		return fmt.Errorf("create service: %w", err)
 	}
 	for _, p := range f.Pods {
 		pod := podObj(f, p)
@@ -302,12 +231,16 @@ func createKubernetesObjects(ctx context.Context, c client.Client, f fleet, extr
 	if err := c.Create(ctx, endpointSliceObj(f)); err != nil {
 		return fmt.Errorf("create endpointslice: %w", err)
 	}
+	if err := c.Create(ctx, optimizerObj(f)); err != nil {
+		return fmt.Errorf("create optimizer: %w", err)
+	}
 	return nil
 }
 
-// updatePodReadiness writes a pod's readiness to its status and the
-// EndpointSlice, as the kubelet and the EndpointSlice controller would.
-func updatePodReadiness(ctx context.Context, c client.Client, f fleet, name string) error {
+// setPodReadiness writes a pod's readiness to its status and to the
+// EndpointSlice's conditions, as the kubelet and the EndpointSlice
+// controller would.
+func setPodReadiness(ctx context.Context, c client.Client, f fleet, name string) error {
 	for _, p := range f.Pods {
 		if p.Name != name {
 			continue
@@ -330,117 +263,127 @@ func updatePodReadiness(ctx context.Context, c client.Client, f fleet, name stri
 	return c.Update(ctx, live)
 }
 
-func createIgnoreExists(ctx context.Context, c client.Client, obj client.Object) error {
-	if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
-	}
-	return nil
+// ---- What the operator wrote ----
+
+// liveServiceEntry reads the operator's ServiceEntry.
+func liveServiceEntry(ctx context.Context, c client.Client) (*istionet.ServiceEntry, error) {
+	se := &istionet.ServiceEntry{}
+	err := c.Get(ctx, client.ObjectKey{Namespace: demoNS, Name: objectName}, se)
+	return se, err
 }
 
-// ---- The Istio objects the operator will produce (hand-made for now) ----
-
-func serviceEntryObj(f fleet) *istionet.ServiceEntry {
-	se := &istionet.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: objectName, Namespace: demoNS}}
-	se.Spec.Hosts = []string{optimizedHost}
-	se.Spec.Location = networking.ServiceEntry_MESH_INTERNAL
-	se.Spec.Resolution = networking.ServiceEntry_STATIC
-	se.Spec.Addresses = f.SEAddresses
-	for _, p := range f.Ports {
-		se.Spec.Ports = append(se.Spec.Ports, &networking.ServicePort{
-			Number: uint32(p.Port), Name: p.Name, Protocol: p.Protocol, TargetPort: uint32(p.TargetPort),
-		})
+// seWeights is the ServiceEntry's weight of each endpoint address. It fails
+// when the ServiceEntry's endpoints are not exactly the fleet's ready pods.
+func seWeights(ctx context.Context, c client.Client, f fleet) (map[string]uint32, error) {
+	se, err := liveServiceEntry(ctx, c)
+	if err != nil {
+		return nil, err
 	}
+	w := map[string]uint32{}
+	for _, e := range se.Spec.Endpoints {
+		if _, dup := w[e.Address]; dup {
+			return nil, fmt.Errorf("ServiceEntry lists %s twice", e.Address)
+		}
+		w[e.Address] = e.Weight
+	}
+	var want, got []string
 	for _, p := range f.readyPods() {
-		se.Spec.Endpoints = append(se.Spec.Endpoints, &networking.WorkloadEntry{
-			Address:        p.IP,
-			Weight:         p.Weight,
-			Locality:       f.node(p.Node).Locality.String(),
-			Labels:         map[string]string{"app": serviceName, labelTLSMode: "istio"},
-			ServiceAccount: serviceAccount,
-		})
+		want = append(want, p.IP)
 	}
-	return se
+	for a := range w {
+		got = append(got, a)
+	}
+	sort.Strings(want)
+	sort.Strings(got)
+	if fmt.Sprint(want) != fmt.Sprint(got) {
+		return nil, fmt.Errorf("ServiceEntry endpoints %v, want the ready pods %v", got, want)
+	}
+	return w, nil
 }
 
-func virtualServiceObj(f fleet) *istionet.VirtualService {
-	vs := &istionet.VirtualService{ObjectMeta: metav1.ObjectMeta{Name: objectName, Namespace: demoNS}}
-	vs.Spec.Hosts = []string{kubeHost}
-	for _, p := range f.Ports {
-		dest := &networking.Destination{Host: optimizedHost, Port: &networking.PortSelector{Number: uint32(p.Port)}}
-		if p.Protocol == "TCP" {
-			vs.Spec.Tcp = append(vs.Spec.Tcp, &networking.TCPRoute{
-				Match: []*networking.L4MatchAttributes{{Port: uint32(p.Port)}},
-				Route: []*networking.RouteDestination{{Destination: dest}},
-			})
+// expectedEndpoint is what the sidecar must see for one ready pod on one port.
+type expectedEndpoint struct {
+	Key      string // ip:targetPort
+	Weight   uint32
+	Locality harness.Locality
+}
+
+// expectedEndpoints: every ready pod, on the port's resolved target port, in
+// its node's locality, with the ServiceEntry's weight.
+func (f fleet) expectedEndpoints(p portSpec, weights map[string]uint32) []expectedEndpoint {
+	var out []expectedEndpoint
+	for _, pod := range f.readyPods() {
+		out = append(out, expectedEndpoint{
+			Key:      fmt.Sprintf("%s:%d", pod.IP, p.PodPort),
+			Weight:   weights[pod.IP],
+			Locality: f.node(pod.Node).Locality,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// ---- A fake metrics backend ----
+
+// fakeMetrics answers the weight loop's two queries (CPU cores and requests
+// per second, by pod) from each pod's capacity: every pod serves the same
+// request rate, and uses CPU in inverse proportion to its capacity. How the
+// queries reach Prometheus is proven in test/integration; here only the
+// weights' way from the engine to the sidecar matters.
+type fakeMetrics struct {
+	cpuQuery, requestQuery string
+
+	mu       sync.Mutex
+	capacity map[string]float64
+	queries  int
+}
+
+const requestRate = 50.0 // per pod, requests per second
+
+func newFakeMetrics(cpuQuery, requestQuery string, f fleet) *fakeMetrics {
+	m := &fakeMetrics{cpuQuery: cpuQuery, requestQuery: requestQuery}
+	m.set(f)
+	return m
+}
+
+// set makes the backend report the fleet's capacities from now on.
+func (m *fakeMetrics) set(f fleet) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.capacity = map[string]float64{}
+	for _, p := range f.Pods {
+		m.capacity[p.Name] = p.Capacity
+	}
+}
+
+func (m *fakeMetrics) count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.queries
+}
+
+func (m *fakeMetrics) Query(_ context.Context, tmpl string, t promsource.Target, _ time.Time) (promsource.Result, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.queries++
+	res := promsource.Result{Values: map[string]float64{}, Query: tmpl, Latency: time.Millisecond}
+	for _, pod := range t.Pods {
+		c, ok := m.capacity[pod]
+		if !ok || c <= 0 {
+			res.Missing = append(res.Missing, pod)
 			continue
 		}
-		vs.Spec.Http = append(vs.Spec.Http, &networking.HTTPRoute{
-			Name:  p.Name,
-			Match: []*networking.HTTPMatchRequest{{Port: uint32(p.Port)}},
-			Route: []*networking.HTTPRouteDestination{{Destination: dest}},
-		})
-	}
-	return vs
-}
-
-func destinationRuleObj(f fleet) *istionet.DestinationRule {
-	dr := &istionet.DestinationRule{ObjectMeta: metav1.ObjectMeta{Name: objectName, Namespace: demoNS}}
-	dr.Spec.Host = optimizedHost
-	lb := &networking.LoadBalancerSettings{
-		LbPolicy: &networking.LoadBalancerSettings_Simple{Simple: networking.LoadBalancerSettings_ROUND_ROBIN},
-	}
-	dr.Spec.TrafficPolicy = &networking.TrafficPolicy{LoadBalancer: lb}
-	if f.LocalityEnabled {
-		lb.LocalityLbSetting = &networking.LocalityLoadBalancerSetting{Enabled: wrapperspb.Bool(true)}
-		dr.Spec.TrafficPolicy.OutlierDetection = &networking.OutlierDetection{
-			Consecutive_5XxErrors: wrapperspb.UInt32(5),
-			Interval:              durationpb.New(10 * time.Second),
-			BaseEjectionTime:      durationpb.New(30 * time.Second),
+		switch tmpl {
+		case m.cpuQuery:
+			res.Values[pod] = requestRate / c
+		case m.requestQuery:
+			res.Values[pod] = requestRate
+		default:
+			return res, fmt.Errorf("fake metrics: unexpected query %q", tmpl)
 		}
 	}
-	return dr
-}
-
-// istioProducer makes the live Istio objects match the fleet.
-type istioProducer interface {
-	Apply(ctx context.Context, f fleet) error
-}
-
-// handMadeIstio writes the Istio objects directly with the test's client.
-type handMadeIstio struct{ c client.Client }
-
-func (h handMadeIstio) Apply(ctx context.Context, f fleet) error {
-	if err := upsert(ctx, h.c, serviceEntryObj(f), &istionet.ServiceEntry{}); err != nil {
-		return err
+	if len(res.Values) == 0 {
+		return res, &promsource.EmptyResultError{Query: tmpl}
 	}
-	if err := upsert(ctx, h.c, destinationRuleObj(f), &istionet.DestinationRule{}); err != nil {
-		return err
-	}
-	if f.Routing {
-		return upsert(ctx, h.c, virtualServiceObj(f), &istionet.VirtualService{})
-	}
-	vs := &istionet.VirtualService{ObjectMeta: metav1.ObjectMeta{Name: objectName, Namespace: demoNS}}
-	if err := h.c.Delete(ctx, vs); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete virtualservice: %w", err)
-	}
-	return nil
-}
-
-// upsert creates want, or replaces the live object's spec with want's.
-func upsert(ctx context.Context, c client.Client, want, live client.Object) error {
-	err := c.Get(ctx, client.ObjectKeyFromObject(want), live)
-	switch {
-	case apierrors.IsNotFound(err):
-		if err := c.Create(ctx, want); err != nil {
-			return fmt.Errorf("create %T %s: %w", want, want.GetName(), err)
-		}
-		return nil
-	case err != nil:
-		return err
-	}
-	want.SetResourceVersion(live.GetResourceVersion())
-	if err := c.Update(ctx, want); err != nil {
-		return fmt.Errorf("update %T %s: %w", want, want.GetName(), err)
-	}
-	return nil
+	return res, nil
 }
