@@ -173,3 +173,16 @@ func writeKubeconfig(env *envtest.Environment) (string, error) {
 	}
 	return f.Name(), nil
 }
+
+// tailFile returns the last n lines of a log file, or why it cannot.
+func tailFile(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(cannot read %s: %v)", path, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

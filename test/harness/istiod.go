@@ -284,15 +284,7 @@ func (i *Istiod) Stop() error {
 
 // LogTail returns the last n lines of istiod's log.
 func (i *Istiod) LogTail(n int) string {
-	data, err := os.ReadFile(i.LogPath)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", i.LogPath, err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return tailFile(i.LogPath, n)
 }
 
 // LogContains reports whether istiod's log contains s (for assertions on

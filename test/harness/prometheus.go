@@ -389,15 +389,7 @@ func (p *Prometheus) Stop() error {
 
 // LogTail returns the last n lines of Prometheus's log.
 func (p *Prometheus) LogTail(n int) string {
-	data, err := os.ReadFile(p.LogPath)
-	if err != nil {
-		return fmt.Sprintf("(cannot read %s: %v)", p.LogPath, err)
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return tailFile(p.LogPath, n)
 }
 
 // PrometheusTarget is one active scrape target as /api/v1/targets reports it.

@@ -71,8 +71,8 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer exporter.Close()
+	// Stopped by the harness at cleanup, after printing its log on failure.
 	prom := harness.MustStartPrometheus(t, harness.PrometheusOptions{Targets: []string{addr}, ScrapeInterval: time.Second})
-	defer prom.Stop()
 
 	source, err := promsource.New(promsource.Config{URL: prom.URL, Timeout: 2 * time.Second})
 	if err != nil {
