@@ -170,7 +170,7 @@ func Compute(in Input) Result {
 	r.ServiceEntry = serviceEntry(r, labels)
 	r.DestinationRule = destinationRule(r, opt, labels)
 	if opt.Routing() == optv1.RoutingVirtualService {
-		r.VirtualService = virtualService(r, labels)
+		r.VirtualService = virtualService(r, passThroughPorts(in.Service, r.Ports), labels)
 	}
 	return r
 }
@@ -253,14 +253,47 @@ func destinationRule(r Result, opt *optv1.IstioAdaptiveRequestOptimizer, labels 
 	return dr
 }
 
-func virtualService(r Result, labels map[string]string) *istionet.VirtualService {
+// passThroughPorts are the Service's TCP ports that are not optimized. A
+// VirtualService takes over its host on every port, so these get routes to
+// the Kubernetes Service itself, exactly where they went before.
+func passThroughPorts(svc *corev1.Service, optimized []Port) []Port {
+	done := map[int32]bool{}
+	for _, p := range optimized {
+		done[p.Number] = true
+	}
+	var out []Port
+	for _, sp := range svc.Spec.Ports {
+		if done[sp.Port] || sp.Protocol == corev1.ProtocolUDP || sp.Protocol == corev1.ProtocolSCTP {
+			continue
+		}
+		done[sp.Port] = true
+		proto := istioProtocol("", sp)
+		out = append(out, Port{Name: strings.ToLower(proto) + "-" + fmt.Sprint(sp.Port) + "-passthrough", Number: sp.Port, Protocol: proto})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Number < out[j].Number })
+	return out
+}
+
+func virtualService(r Result, passThrough []Port, labels map[string]string) *istionet.VirtualService {
 	vs := &istionet.VirtualService{
 		TypeMeta:   metav1.TypeMeta{APIVersion: istionet.SchemeGroupVersion.String(), Kind: "VirtualService"},
 		ObjectMeta: metav1.ObjectMeta{Name: r.Name, Namespace: r.Namespace, Labels: labels},
 	}
 	vs.Spec.Hosts = []string{r.KubernetesHost}
+	type route struct {
+		Port
+		host string
+	}
+	var routes []route
 	for _, p := range r.Ports {
-		dest := &networking.Destination{Host: r.Host, Port: &networking.PortSelector{Number: uint32(p.Number)}}
+		routes = append(routes, route{p, r.Host})
+	}
+	for _, p := range passThrough {
+		routes = append(routes, route{p, r.KubernetesHost})
+	}
+	for _, rt := range routes {
+		p := rt.Port
+		dest := &networking.Destination{Host: rt.host, Port: &networking.PortSelector{Number: uint32(p.Number)}}
 		switch p.Protocol {
 		case "TCP":
 			vs.Spec.Tcp = append(vs.Spec.Tcp, &networking.TCPRoute{

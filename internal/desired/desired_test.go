@@ -937,12 +937,27 @@ func TestComputeRoutingObjects(t *testing.T) {
 			if !slices.Equal(vs.Spec.Hosts, []string{tc.kubeHost}) || r.KubernetesHost != tc.kubeHost {
 				t.Errorf("VirtualService hosts %v (KubernetesHost %s), want %s", vs.Spec.Hosts, r.KubernetesHost, tc.kubeHost)
 			}
+			// Routes to the optimized host are compared with the case; every
+			// other Service port must keep a route to the Kubernetes host
+			// itself, because the VirtualService takes over the whole host.
 			var httpRoutes, tcpRoutes []string
+			routed := map[uint32]bool{}
+			passThrough := func(port uint32, d *networking.Destination) {
+				if d.Port.GetNumber() != port || routed[port] {
+					t.Errorf("pass-through route for port %d goes to port %d (or twice)", port, d.Port.GetNumber())
+				}
+				routed[port] = true
+			}
 			for _, h := range vs.Spec.Http {
 				if len(h.Match) != 1 || len(h.Route) != 1 {
 					t.Fatalf("http route %v", h)
 				}
 				d := h.Route[0].Destination
+				if d.Host == tc.kubeHost {
+					passThrough(h.Match[0].Port, d)
+					continue
+				}
+				routed[h.Match[0].Port] = true
 				httpRoutes = append(httpRoutes, fmt.Sprintf("%s %d -> %s:%d", h.Name, h.Match[0].Port, d.Host, d.Port.GetNumber()))
 			}
 			for _, tr := range vs.Spec.Tcp {
@@ -950,7 +965,17 @@ func TestComputeRoutingObjects(t *testing.T) {
 					t.Fatalf("tcp route %v", tr)
 				}
 				d := tr.Route[0].Destination
+				if d.Host == tc.kubeHost {
+					passThrough(tr.Match[0].Port, d)
+					continue
+				}
+				routed[tr.Match[0].Port] = true
 				tcpRoutes = append(tcpRoutes, fmt.Sprintf("%d -> %s:%d", tr.Match[0].Port, d.Host, d.Port.GetNumber()))
+			}
+			for _, sp := range threePorts.Spec.Ports {
+				if sp.Protocol != corev1.ProtocolUDP && sp.Protocol != corev1.ProtocolSCTP && !routed[uint32(sp.Port)] {
+					t.Errorf("Service port %d has no route in the VirtualService", sp.Port)
+				}
 			}
 			if !slices.Equal(httpRoutes, tc.httpRoutes) || !slices.Equal(tcpRoutes, tc.tcpRoutes) {
 				t.Errorf("routes http %q tcp %q, want http %q tcp %q", httpRoutes, tcpRoutes, tc.httpRoutes, tc.tcpRoutes)

@@ -905,3 +905,44 @@ func TestTCPPortCapture(t *testing.T) {
 		t.Logf("control: a ServiceEntry without addresses captures TCP to %s:%d via listener %s -> %v", stranger, port, tr.Listener, tr.Clusters)
 	})
 }
+
+// TestPortsNotOptimizedKeepTheirRoutes: the operator's VirtualService takes
+// over the whole Kubernetes host, so a Service port left out of
+// service_ports must still reach the plain Service, as it did before.
+func TestPortsNotOptimizedKeepTheirRoutes(t *testing.T) {
+	f := suite.fleet
+	optimized := f.Ports[0]
+	start := time.Now()
+	patchOptimizer(t, func(o *optv1.IstioAdaptiveRequestOptimizer) {
+		o.Spec.ServicePorts = []optv1.ServicePort{{Number: optimized.Port, Protocol: optimized.Protocol}}
+	})
+	defer func() {
+		patchOptimizer(t, func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.ServicePorts = optimizerObj(f).Spec.ServicePorts })
+		for _, p := range f.Ports {
+			waitFor(t, suite.zoneB, propagation, "route restored for "+p.Name, func(x *harness.XDSClient) error {
+				got, err := target(x, p)
+				if err == nil && got != clusterName(p.Port, optimizedHost) {
+					err = fmt.Errorf("goes to %s", got)
+				}
+				return err
+			})
+		}
+	}()
+	for _, p := range f.Ports {
+		want := clusterName(p.Port, kubeHost)
+		if p.Port == optimized.Port {
+			want = clusterName(p.Port, optimizedHost)
+		}
+		waitFor(t, suite.zoneB, propagation, "route of "+p.Name, func(x *harness.XDSClient) error {
+			got, err := target(x, p)
+			if err != nil {
+				return err
+			}
+			if got != want {
+				return fmt.Errorf("%s:%d goes to %s, want %s", kubeHost, p.Port, got, want)
+			}
+			return nil
+		})
+		t.Logf("%s %s:%d -> %s after %s", p.Name, kubeHost, p.Port, want, time.Since(start).Round(time.Millisecond))
+	}
+}
