@@ -72,6 +72,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		if apierrors.IsNotFound(err) {
 			r.Loop.Stop(req.NamespacedName)
 			r.Weights.Forget(req.NamespacedName)
+			r.Metrics.ForgetOptimizer(req.Namespace, req.Name)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("get optimizer: %w", err)
@@ -83,6 +84,9 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	st := newStatus(opt)
 	defer func() {
 		st.apply(opt, r.Clock.Now())
+		for _, c := range opt.Status.Conditions {
+			r.Metrics.SetCondition(opt.Namespace, opt.Name, c.Type, string(c.Status), c.Reason)
+		}
 		if !equalStatus(before, &opt.Status) {
 			switch uerr := r.Client.Status().Update(ctx, opt); {
 			case uerr == nil, apierrors.IsNotFound(uerr):
@@ -442,6 +446,7 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 	}
 	r.Loop.Stop(key)
 	r.Weights.Forget(key)
+	r.Metrics.ForgetOptimizer(key.Namespace, key.Name)
 	r.Metrics.ForgetService(opt.TargetNamespace(), opt.Spec.ServiceName)
 	return nil
 }

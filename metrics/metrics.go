@@ -25,6 +25,7 @@ type Metrics struct {
 	Mode             *prometheus.GaugeVec
 	WeightSpread     *prometheus.GaugeVec
 	ServiceEndpoints *prometheus.GaugeVec
+	Condition        *prometheus.GaugeVec
 
 	mu sync.Mutex
 	// pods remembers, per service, which pod series exist so the series of a
@@ -96,8 +97,24 @@ func New() *Metrics {
 			Name: "optimizer_endpoints",
 			Help: "Ready endpoints mirrored into the ServiceEntry.",
 		}, serviceLabels),
+		Condition: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_status_condition",
+			Help: "1 for each status condition of an optimizer with its status and reason, so Stalled and Degraded optimizers can alert.",
+		}, []string{"namespace", "name", "type", "status", "reason"}),
 		pods: map[serviceKey]map[podKey]struct{}{},
 	}
+}
+
+// SetCondition publishes one condition of an optimizer, replacing the
+// previous status and reason of that type.
+func (m *Metrics) SetCondition(namespace, name, typ, status, reason string) {
+	m.Condition.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "name": name, "type": typ})
+	m.Condition.WithLabelValues(namespace, name, typ, status, reason).Set(1)
+}
+
+// ForgetOptimizer deletes the condition series of a deleted optimizer.
+func (m *Metrics) ForgetOptimizer(namespace, name string) {
+	m.Condition.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "name": name})
 }
 
 // Collectors lists every series for registration.
@@ -105,7 +122,7 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
 		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Writes, m.Fallbacks, m.Mode,
-		m.WeightSpread, m.ServiceEndpoints,
+		m.WeightSpread, m.ServiceEndpoints, m.Condition,
 	}
 }
 

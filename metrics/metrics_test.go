@@ -99,3 +99,20 @@ func TestContractNames(t *testing.T) {
 		}
 	}
 }
+
+func TestConditionSeriesReplaceAndForget(t *testing.T) {
+	m := New()
+	m.SetCondition("ns", "web", "Stalled", "True", "ServiceNotFound")
+	m.SetCondition("ns", "web", "Stalled", "False", "Reconciled")
+	m.SetCondition("ns", "web", "Ready", "True", "Reconciled")
+	if got := testutil.CollectAndCount(m.Condition); got != 2 {
+		t.Fatalf("series = %d, want one per condition type", got)
+	}
+	if got := testutil.ToFloat64(m.Condition.WithLabelValues("ns", "web", "Stalled", "False", "Reconciled")); got != 1 {
+		t.Errorf("Stalled False = %v", got)
+	}
+	m.ForgetOptimizer("ns", "web")
+	if got := testutil.CollectAndCount(m.Condition); got != 0 {
+		t.Errorf("series left after ForgetOptimizer: %d", got)
+	}
+}
