@@ -38,6 +38,23 @@ type Params struct {
 	Expiry time.Duration
 	// PoolByHardware shares capacity estimates between pods of one HardwareClass.
 	PoolByHardware bool
+	// SpeedTilt bends weights from plain capacity shares towards faster
+	// pods: a pod's weight is its capacity times its speed per core
+	// (relative to the other pods) to the power SpeedTilt. Capacity shares
+	// equalise utilisation, but a request on a slow pod takes longer at the
+	// same utilisation, so the slowest pods set the tail; a small tilt
+	// lowers p99 at every load. 0 = plain capacity shares. With the default
+	// 0.03, pods of speeds 1 : 0.35 get shares about 1% above and 2% below
+	// their capacity shares.
+	SpeedTilt float64
+	// DrainTime: a pod with a backlog (requests served below those sent to
+	// it, or its CPU at its Cores limit) is weighted below its capacity, so
+	// that the backlog would clear within DrainTime, as far as the other
+	// pods have room; when it has cleared, the pod gets its capacity weight
+	// back. Without it a backlog drains only at the spare capacity left at
+	// capacity shares, which at high load takes minutes. Backlogs are
+	// measured from request rates, so this needs them. 0 = off.
+	DrainTime time.Duration
 	// MeanWeight is the mean weight the engine scales to. MeanWeight/MaxRatio
 	// must be at least 10 (rounding) and MeanWeight*MaxRatio*4096 below
 	// 2^32-1 (sums per locality).

@@ -30,6 +30,11 @@ type Engine struct {
 	noise       float64
 	noiseCycles int // cycles that measured noise, up to a cap
 
+	// unapplied: the last weights the engine computed differ from the live
+	// ones and were not applied since (dry run, or a failed write). Drains
+	// act on live weights only.
+	unapplied bool
+
 	started    bool
 	lastGood   time.Time // last observation with data; starts the expiry clock
 	lastUpdate time.Time // time of the previous cycle with data
@@ -56,10 +61,23 @@ type podState struct {
 	driftUp, driftDown float64
 	// publishedGain is the gain of the estimate when the pod's weight was
 	// last computed from it (1: rough, never published); see moveBands.
-	publishedGain   float64
+	publishedGain float64
+	// restartedAt is when the estimate last restarted from a surprising
+	// observation (see fold); zero if never.
+	restartedAt     time.Time
 	seen            time.Time // last time the pod was in the endpoint set
 	saturatedAt     time.Time // last cycle the pod used all of its Cores
 	saturatedCycles int       // consecutive cycles before that one it did too
+
+	// backlog is the estimated number of requests queued at the pod, from
+	// request rates (see drain.go), and backlogs its recent history.
+	backlog  float64
+	backlogs []backlogPoint
+	// hot: at the last cycle the pod's CPU was at its Cores limit.
+	hot bool
+	// drain is the factor (below 1) the pod's weight is drained by this
+	// cycle, liveDrain the one in the reference weights; 0 means none.
+	drain, liveDrain float64
 }
 
 const (
@@ -97,6 +115,10 @@ func (e *Engine) Seed(now time.Time, w map[string]uint32) {
 	clean := cleanWeights(w)
 	e.history.reset(now, clean)
 	e.live, e.liveAt, e.liveKnown = clean, now, true
+	e.unapplied = false
+	for _, st := range e.pods {
+		st.drain, st.liveDrain = 0, 0
+	}
 
 	// Express the seeded weights in the units of what is already known.
 	names := sortedNames(clean)
@@ -133,6 +155,22 @@ func (e *Engine) Applied(now time.Time, w map[string]uint32) {
 	e.history.record(now, clean, e.mergeBucket())
 	e.history.prune(now.Add(-e.params.horizon() - time.Second))
 	e.live, e.liveAt, e.liveKnown = clean, now, true
+	if e.unapplied && sameWeights(clean, e.last) {
+		e.unapplied = false
+	}
+}
+
+// sameWeights reports whether a and b hold the same weights for the same pods.
+func sameWeights(a, b map[string]uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for name, v := range a {
+		if w, ok := b[name]; !ok || w != v {
+			return false
+		}
+	}
+	return true
 }
 
 // mergeBucket is the finest time resolution the timeline keeps: fine enough
@@ -149,10 +187,10 @@ func (e *Engine) mergeBucket() time.Duration {
 func (e *Engine) Weights(now time.Time, pods []Pod) map[string]uint32 {
 	set := canonicalPods(pods)
 	if e.mode == ModeFallback {
-		w, _, _, _ := e.settle(now, set, e.equalProposal(now, set), false, nil)
+		w, _, _, _ := e.settle(now, set, e.equalProposal(now, set), false, moveRules{})
 		return w
 	}
-	w, _, _, _ := e.settle(now, set, e.holdProposal(now, set), false, nil)
+	w, _, _, _ := e.settle(now, set, e.holdProposal(now, set, false), false, moveRules{})
 	return w
 }
 
@@ -178,15 +216,21 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	if sig.meanCPU < e.params.MinCPU {
 		msg := fmt.Sprintf("Low load: the pods use %.3f cores on average, below the %.3f needed to learn from; weights held",
 			sig.meanCPU, e.params.MinCPU)
-		return e.finish(now, set, ModeLowLoad, e.holdProposal(now, set), false, msg).Result
+		return e.finish(now, set, ModeLowLoad, e.holdProposal(now, set, true), false, msg).Result
 	}
 
-	learned := e.learn(now, set, sig)
+	shares := e.windowShares(now, set)
+	learned := e.learn(now, set, sig, shares)
+	ds := e.trackBacklogs(now, set, sig, shares, learned.fromRequests)
 	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
 		e.cycle = now.Sub(e.lastUpdate)
 	}
 	e.lastUpdate = now
 	proposal := e.capacityProposal(now, set)
+	drained, worst, worstQ := e.drainProposal(set, sig, ds, proposal)
+	for i, pod := range set {
+		e.state(pod.Name).hot = ds.hot[i]
+	}
 	res := e.finish(now, set, ModeOptimizing, proposal, true, "")
 	source := "CPU and the weights held"
 	if learned.fromRequests {
@@ -203,6 +247,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		res.Message = fmt.Sprintf("%sOptimizing: weights moved by up to %.1f%%; learned from %d of %d pods using %s",
 			prefix, 100*res.maxMove, learned.pods, len(set), source)
 	}
+	res.Message += drainMessage(drained, worst, worstQ)
 	return res.Result
 }
 
@@ -214,7 +259,7 @@ func (e *Engine) unavailable(now time.Time, set []Pod, mode Mode, reason string)
 	if down <= e.params.Expiry {
 		msg := fmt.Sprintf("%s; holding the last weights, equal weights in %v unless data returns",
 			reason, (e.params.Expiry - down).Round(time.Second))
-		return e.finish(now, set, mode, e.holdProposal(now, set), false, msg).Result
+		return e.finish(now, set, mode, e.holdProposal(now, set, true), false, msg).Result
 	}
 	msg := fmt.Sprintf("%s; no usable data for %v, longer than the %v expiry: equal weights",
 		reason, down.Round(time.Second), e.params.Expiry)
@@ -229,17 +274,35 @@ type outcome struct {
 
 // finish turns a proposal into the published weights and remembers them.
 func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64, stepBound bool, msg string) outcome {
-	var bands []float64
+	var rules moveRules
 	if mode == ModeOptimizing {
-		bands = e.moveBands(set)
+		rules = e.moveRules(set)
+	} else {
+		// Without fresh data no drain is started or kept: holdProposal
+		// gives drained pods their capacity weight back.
+		for _, pod := range set {
+			if st := e.pods[pod.Name]; st != nil {
+				st.drain = 0
+			}
+		}
+		rules.offCapacity = e.offCapacity(set)
 	}
-	weights, changed, moved, maxMove := e.settle(now, set, proposal, stepBound, bands)
+	weights, changed, moved, maxMove := e.settle(now, set, proposal, stepBound, rules)
 	if mode == ModeOptimizing {
 		e.notePublished(set, moved)
+	}
+	if moved {
+		for _, pod := range set {
+			if st := e.pods[pod.Name]; st != nil {
+				st.liveDrain = st.drain
+			}
+		}
 	}
 	if mode == ModeOptimizing && !moved {
 		mode = ModeSteady
 	}
+	ref, _ := e.reference()
+	e.unapplied = changed && !sameWeights(weights, ref)
 	e.mode = mode
 	e.last, e.lastAt = weights, now
 	return outcome{

@@ -126,8 +126,10 @@ func TestValidateRejectsNonsense(t *testing.T) {
 func TestLearnsCapacityFromRequestsAndFromCPU(t *testing.T) {
 	pods := podsNamed("fast", "slow")
 	speed := map[string]float64{"fast": 2, "slow": 1}
+	p := DefaultParams()
+	p.SpeedTilt = 0 // plain capacity shares; TestSpeedTilt covers the tilt
 	for _, withRequests := range []bool{true, false} {
-		e := New(DefaultParams())
+		e := New(p)
 		e.Applied(t0, e.Weights(t0, pods))
 		res := cycle(e, pods, steadyObs(t0.Add(quiet), e.live, speed, 2, withRequests))
 		if res.Mode != ModeOptimizing || !res.Changed {
@@ -342,6 +344,7 @@ func TestHardwarePoolingStartsNewPodsNearTheirClass(t *testing.T) {
 	for _, pool := range []bool{true, false} {
 		p := DefaultParams()
 		p.PoolByHardware = pool
+		p.SpeedTilt = 0
 		pods := []Pod{
 			{Name: "big-1", HardwareClass: "c6i.4xlarge"}, {Name: "big-2", HardwareClass: "c6i.4xlarge"},
 			{Name: "mid-1", HardwareClass: "m5.large"},
@@ -437,7 +440,9 @@ func TestDryRunAssumesEnvoyBalancesEvenly(t *testing.T) {
 	pods := podsNamed("fast", "slow")
 	speed := map[string]float64{"fast": 3, "slow": 1}
 	equal := map[string]uint32{"fast": 1, "slow": 1}
-	e := New(DefaultParams())
+	p := DefaultParams()
+	p.SpeedTilt = 0
+	e := New(p)
 	for k := range 5 {
 		res := e.Update(pods, steadyObs(t0.Add(time.Duration(k+1)*quiet), equal, speed, 4, false))
 		if !near(ratio(res.Weights, "fast", "slow"), 3, 0.02) {

@@ -113,9 +113,9 @@ type learnStats struct {
 // first finds the one scale that best fits the current estimates (a median,
 // so one pod that really changed does not drag the rest), and then moves
 // each estimate only as far as its range forces it.
-func (e *Engine) learn(now time.Time, set []Pod, sig signals) learnStats {
-	stats := learnStats{fromRequests: sig.withRequests > 0 && 2*sig.withRequests >= sig.withCPU}
-	sightings := e.sight(now, set, sig, stats.fromRequests)
+func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan) learnStats {
+	stats := learnStats{fromRequests: usesRequests(sig)}
+	sightings := e.sight(now, set, sig, shares, stats.fromRequests)
 	stats.pods = len(sightings)
 	if len(sightings) == 0 {
 		return stats
@@ -126,7 +126,11 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals) learnStats {
 	for _, s := range sightings {
 		st := e.state(set[s.index].Name)
 		st.seen = now
-		sharp := !s.saturated && s.hi <= sharpRange*s.lo
+		// An observation whose window reaches back past the last restart
+		// of the estimate may still mix the pod's speed before and after
+		// the change: it moves the estimate, but does not count.
+		settled := st.restartedAt.IsZero() || !now.Before(st.restartedAt.Add(e.params.QueryWindow))
+		sharp := !s.saturated && s.hi <= sharpRange*s.lo && settled
 		if !st.known {
 			st.capacity = clampCapacity(pointOf(s) / scale)
 			st.known = true
@@ -145,7 +149,9 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals) learnStats {
 		if sharp && st.measurements >= 2 {
 			residuals = append(residuals, r*r)
 		}
-		e.fold(st, target, r, sharp)
+		if e.fold(st, target, r, sharp) {
+			st.restartedAt = now
+		}
 	}
 	e.measureNoise(residuals)
 	e.rememberClasses(set)
@@ -153,10 +159,22 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals) learnStats {
 	return stats
 }
 
-// sight turns the signals into sightings, skipping pods the data cannot
-// speak for: no CPU, joined or warming up within the window, or (with
-// request rates) no requests.
-func (e *Engine) sight(now time.Time, set []Pod, sig signals, fromRequests bool) []sighting {
+// usesRequests reports whether speeds come from request rates: when at
+// least half of the pods with CPU data have request data too.
+func usesRequests(sig signals) bool {
+	return sig.withRequests > 0 && 2*sig.withRequests >= sig.withCPU
+}
+
+// shareSpan is the least and greatest average traffic share a pod can have
+// had over the window the backend's rate covered (see shareRange); ok is
+// false when the pod was not in the set for all of it.
+type shareSpan struct {
+	lo, hi float64
+	ok     bool
+}
+
+// windowShares returns every pod's shareSpan for an observation at now.
+func (e *Engine) windowShares(now time.Time, set []Pod) []shareSpan {
 	segs := e.history.segmentsSince(now, -e.params.horizon().Seconds())
 	if len(e.history.epochs) == 0 {
 		// Nothing was ever applied (dry run): Envoy spreads traffic evenly.
@@ -165,12 +183,28 @@ func (e *Engine) sight(now time.Time, set []Pod, sig signals, fromRequests bool)
 		segs = virtual.segmentsSince(now, -e.params.horizon().Seconds())
 	}
 	windows := rateWindows(e.params, segs)
+	out := make([]shareSpan, len(set))
+	for i, pod := range set {
+		out[i].lo, out[i].hi, out[i].ok = shareRange(pod.Name, segs, windows)
+	}
+	return out
+}
+
+// warming reports whether the pod's rates over the window at now include
+// time before it was ready or warm, so they cannot speak for it.
+func (e *Engine) warming(pod Pod, now time.Time) bool {
+	return !pod.ReadySince.IsZero() && pod.ReadySince.Add(e.params.SlowStart).After(now.Add(-e.params.horizon()))
+}
+
+// sight turns the signals into sightings, skipping pods the data cannot
+// speak for: no CPU, joined or warming up within the window, or (with
+// request rates) no requests.
+func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan, fromRequests bool) []sighting {
 	// The most of a window that two rates of one query may disagree on.
 	misalignment := 0.0
 	if w, sc := e.params.QueryWindow, e.params.ScrapeInterval; sc > 0 {
 		misalignment = float64(sc) / float64(w-sc)
 	}
-	learnAfter := now.Add(-e.params.horizon())
 
 	// Saturation is only meaningful when some pods have room to spare.
 	useSum, useCount := 0.0, 0
@@ -188,11 +222,11 @@ func (e *Engine) sight(now time.Time, set []Pod, sig signals, fromRequests bool)
 		if !ps.hasCPU || ps.cpu <= 0 {
 			continue
 		}
-		if !pod.ReadySince.IsZero() && pod.ReadySince.Add(e.params.SlowStart).After(learnAfter) {
+		if e.warming(pod, now) {
 			continue // its window includes time before it was ready or warm
 		}
-		shareLo, shareHi, ok := shareRange(pod.Name, segs, windows)
-		if !ok {
+		shareLo, shareHi := shares[i].lo, shares[i].hi
+		if !shares[i].ok {
 			continue
 		}
 		s := sighting{index: i}
@@ -205,8 +239,13 @@ func (e *Engine) sight(now time.Time, set []Pod, sig signals, fromRequests bool)
 			// except that requests and CPU may be scraped up to one
 			// interval apart: if the share changed inside the window, the
 			// two rates then saw it for different lengths of time.
+			// A pod busy all the time serves at its speed whatever it
+			// is sent, so then the two rates agree however they align.
 			perCPU := ps.requests / ps.cpu
 			spread := (shareHi/shareLo - 1) * misalignment
+			if knownCores(pod) && ps.cpu >= saturatedUse*pod.Cores {
+				spread = 0
+			}
 			s.lo, s.hi = perCPU/(1+spread), perCPU*(1+spread)
 		case judgeSaturation && knownCores(pod) && ps.cpu >= saturatedUse*pod.Cores:
 			// Busy all the time: it was sent more than it could serve, so
@@ -288,24 +327,27 @@ func (e *Engine) fitScale(set []Pod, sightings []sighting) float64 {
 // and the estimate restarts from the new value. Only sharp observations
 // count towards the average; a blurred one moves the estimate as far as
 // the average would, but weighs nothing later.
-func (e *Engine) fold(st *podState, target, r float64, sharp bool) {
+//
+// It reports whether the estimate restarted.
+func (e *Engine) fold(st *podState, target, r float64, sharp bool) bool {
 	jump := 2 * max(e.params.DeadBand, minSurprise, surpriseSigmas*e.noise)
 	z := r / max(e.noise, minNoise)
 	st.driftUp = max(0, st.driftUp+z-driftAllowance)
 	st.driftDown = max(0, st.driftDown-z-driftAllowance)
 	if math.Abs(r) > jump || st.driftUp > driftLimit || st.driftDown > driftLimit {
+		// The observation that shows the change may mix the speeds before
+		// and after it: it counts for nothing, and the next ones (until
+		// their windows no longer reach back to it) replace it.
 		st.capacity = clampCapacity(target)
 		st.measurements = 0
-		if sharp {
-			st.measurements = 1
-		}
 		st.driftUp, st.driftDown = 0, 0
-		return
+		return true
 	}
 	st.capacity = clampCapacity(st.capacity * math.Exp(e.gain(st)*r))
 	if sharp {
 		st.measurements = min(st.measurements+1, maxMeasurements)
 	}
+	return false
 }
 
 // gain is the weight of a new observation: a plain average of the
@@ -396,6 +438,25 @@ const maxCores = 1 << 16
 // set order. A pod without an estimate gets its hardware class's when
 // pooling, else the median of the pods with estimates.
 func (e *Engine) capacities(set []Pod) []float64 {
+	caps, _ := e.capacitiesPerCore(set)
+	return caps
+}
+
+// targets returns what each pod's weight is proportional to: its capacity,
+// tilted towards faster pods by (speed per core)^SpeedTilt. Speeds per
+// core are relative (their geometric mean is about 1); only ratios matter.
+func (e *Engine) targets(set []Pod) []float64 {
+	caps, perCore := e.capacitiesPerCore(set)
+	if tilt := e.params.SpeedTilt; tilt > 0 {
+		for i := range caps {
+			caps[i] = min(max(caps[i]*math.Pow(perCore[i], tilt), 1e-12), 1e12)
+		}
+	}
+	return caps
+}
+
+// capacitiesPerCore returns each pod's capacity and its speed per core.
+func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 	var known, cores []float64
 	for _, pod := range set {
 		if st := e.pods[pod.Name]; st != nil && st.known {
@@ -410,7 +471,8 @@ func (e *Engine) capacities(set []Pod) []float64 {
 		fallback = 1
 	}
 	typicalCores := median(cores)
-	out := make([]float64, len(set))
+	caps = make([]float64, len(set))
+	perCores = make([]float64, len(set))
 	for i, pod := range set {
 		perCore := fallback
 		if st := e.pods[pod.Name]; st != nil && st.known {
@@ -426,7 +488,8 @@ func (e *Engine) capacities(set []Pod) []float64 {
 			}
 			podCores /= typicalCores
 		}
-		out[i] = min(max(perCore*podCores, 1e-12), 1e12)
+		caps[i] = min(max(perCore*podCores, 1e-12), 1e12)
+		perCores[i] = perCore
 	}
-	return out
+	return caps, perCores
 }

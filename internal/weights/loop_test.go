@@ -29,6 +29,7 @@ type closedLoop struct {
 	cpuNoise    float64 // relative error of the CPU counted in each scrape interval
 	uniform     bool    // error uniform in ±cpuNoise, else normal with std cpuNoise
 	useRequests bool    // the engine gets request rates too
+	maxQueue    time.Duration
 
 	rng       *rand.Rand
 	t0        time.Time
@@ -60,6 +61,8 @@ type loopConfig struct {
 	knownCores  bool // the engine is told each pod's cores
 	params      *Params
 	seed        uint64
+	// maxQueue is how long requests queue before clients give up (0: 2s).
+	maxQueue time.Duration
 }
 
 func newClosedLoop(t *testing.T, cfg loopConfig) *closedLoop {
@@ -82,6 +85,7 @@ func newClosedLoop(t *testing.T, cfg loopConfig) *closedLoop {
 		cpuNoise:    cfg.cpuNoise,
 		uniform:     cfg.uniform,
 		useRequests: cfg.useRequests,
+		maxQueue:    cfg.maxQueue,
 		rng:         rand.New(rand.NewPCG(cfg.seed, 42)),
 		now:         start,
 		t0:          start,
@@ -104,6 +108,9 @@ func newClosedLoop(t *testing.T, cfg loopConfig) *closedLoop {
 	l.lastSeen = make([]float64, n)
 
 	// Equal weights have been live for a while before the engine starts.
+	if l.maxQueue == 0 {
+		l.maxQueue = defaultMaxQueue
+	}
 	l.live = l.engine.Weights(l.now, l.pods)
 	l.run(2 * time.Minute)
 	l.engine.Applied(l.now, l.live)
@@ -111,8 +118,8 @@ func newClosedLoop(t *testing.T, cfg loopConfig) *closedLoop {
 	return l
 }
 
-// maxQueue is how long a request waits before its client times out.
-const maxQueue = 2 * time.Second
+// defaultMaxQueue is how long a request waits before its client times out.
+const defaultMaxQueue = 2 * time.Second
 
 // run advances the model by d in one-second steps, scraping on schedule.
 func (l *closedLoop) run(d time.Duration) {
@@ -128,7 +135,7 @@ func (l *closedLoop) run(d time.Duration) {
 			can := l.cores * l.speed[i] / l.work * dt.Seconds()
 			done := min(l.backlog[i], can)
 			// Clients give up on requests queued longer than maxQueue.
-			l.backlog[i] = min(l.backlog[i]-done, can*maxQueue.Seconds()/dt.Seconds())
+			l.backlog[i] = min(l.backlog[i]-done, can*l.maxQueue.Seconds()/dt.Seconds())
 			l.served[i] += done
 			l.cpu[i] += done * l.work / l.speed[i]
 		}

@@ -19,6 +19,9 @@ const (
 	// minFloorWeight is the smallest weight MeanWeight/MaxRatio may be: below
 	// it, rounding to integers distorts the shares of the slowest pods.
 	minFloorWeight = 10
+	// maxSpeedTilt bounds SpeedTilt: beyond it shares stray far from
+	// capacity shares and utilisation is no longer even.
+	maxSpeedTilt = 0.5
 )
 
 // DefaultParams returns parameters that suit a Service scraped every 15 s
@@ -35,6 +38,8 @@ func DefaultParams() Params {
 		SlowStart:      0,
 		Expiry:         5 * time.Minute,
 		PoolByHardware: false,
+		SpeedTilt:      0.03,
+		DrainTime:      15 * time.Second,
 		MeanWeight:     1000,
 	}
 }
@@ -74,6 +79,12 @@ func (p Params) Validate() error {
 	}
 	if p.Expiry <= 0 {
 		bad("expiry %v must be positive", p.Expiry)
+	}
+	if !inRange(p.SpeedTilt, 0, maxSpeedTilt) {
+		bad("speed tilt %v must be between 0 and %v", p.SpeedTilt, maxSpeedTilt)
+	}
+	if p.DrainTime < 0 {
+		bad("drain time %v must not be negative", p.DrainTime)
 	}
 	if p.MeanWeight == 0 {
 		bad("mean weight must be positive")
@@ -122,6 +133,12 @@ func (p Params) sanitized() Params {
 	}
 	if p.Expiry <= 0 {
 		p.Expiry = d.Expiry
+	}
+	if !inRange(p.SpeedTilt, 0, maxSpeedTilt) {
+		p.SpeedTilt = d.SpeedTilt
+	}
+	if p.DrainTime < 0 {
+		p.DrainTime = d.DrainTime
 	}
 	mean := float64(p.MeanWeight)
 	if p.MeanWeight == 0 || mean/p.MaxRatio < minFloorWeight || mean*p.MaxRatio > maxMeanTimesRatio {

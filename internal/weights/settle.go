@@ -9,7 +9,7 @@ import (
 // proportional to it with mean MeanWeight, within MaxRatio of the mean,
 // then scaled down by slow start.
 func (e *Engine) capacityProposal(now time.Time, set []Pod) []float64 {
-	caps := e.capacities(set)
+	caps := e.targets(set)
 	mean := 0.0
 	for _, c := range caps {
 		mean += c
@@ -27,13 +27,14 @@ func (e *Engine) capacityProposal(now time.Time, set []Pod) []float64 {
 }
 
 // holdProposal keeps the weights of pods that stay and gives new pods the
-// weight their capacity estimate implies next to them.
-func (e *Engine) holdProposal(now time.Time, set []Pod) []float64 {
+// weight their capacity estimate implies next to them. With undoDrains,
+// drained pods get back the weight they had before the drain.
+func (e *Engine) holdProposal(now time.Time, set []Pod, undoDrains bool) []float64 {
 	ref, refAt := e.reference()
-	caps := e.capacities(set)
+	caps := e.targets(set)
 	var perCapacity []float64
 	for i, pod := range set {
-		if w, ok := ref[pod.Name]; ok && !e.ramping(pod, now, refAt) {
+		if w, ok := ref[pod.Name]; ok && !e.ramping(pod, now, refAt) && e.liveDrain(pod.Name) == 1 {
 			perCapacity = append(perCapacity, float64(w)/caps[i])
 		}
 	}
@@ -49,9 +50,58 @@ func (e *Engine) holdProposal(now time.Time, set []Pod) []float64 {
 	for i, pod := range set {
 		if w, ok := ref[pod.Name]; ok && !e.ramping(pod, now, refAt) {
 			out[i] = float64(w)
+			if undoDrains {
+				out[i] /= e.liveDrain(pod.Name)
+			}
 			continue
 		}
 		out[i] = unit * caps[i] * e.params.rampFactor(pod, now)
+	}
+	return out
+}
+
+// liveDrain is the drain factor in the pod's reference weight (1: none).
+func (e *Engine) liveDrain(name string) float64 {
+	if st := e.pods[name]; st != nil {
+		return st.liveDrainOr1()
+	}
+	return 1
+}
+
+// moveRules says, per pod, what justifies writing its weight.
+type moveRules struct {
+	// bands: the relative move that justifies a write (nil: DeadBand).
+	bands []float64
+	// forced: written whatever the band (a drain starts, ends or changes).
+	forced []bool
+	// hot: the pod's CPU is at its limit, so its weight is too high: a move
+	// down needs only a quarter of the dead band, never noise.
+	hot []bool
+	// offCapacity: the weight is deliberately off the pod's capacity, now
+	// or in the reference (drains), so it does not say how the proposal's
+	// scale relates to the reference's.
+	offCapacity []bool
+}
+
+// moveRules collects the rules of an optimizing cycle.
+func (e *Engine) moveRules(set []Pod) moveRules {
+	r := moveRules{bands: e.moveBands(set), forced: e.drainForced(set), hot: make([]bool, len(set))}
+	for i, pod := range set {
+		if st := e.pods[pod.Name]; st != nil {
+			r.hot[i] = st.hot
+		}
+	}
+	r.offCapacity = e.offCapacity(set)
+	return r
+}
+
+// offCapacity flags pods drained now or in the reference.
+func (e *Engine) offCapacity(set []Pod) []bool {
+	out := make([]bool, len(set))
+	for i, pod := range set {
+		if st := e.pods[pod.Name]; st != nil {
+			out[i] = st.drainOr1() < 1 || st.liveDrainOr1() < 1
+		}
 	}
 	return out
 }
@@ -83,7 +133,8 @@ func (e *Engine) ramping(pod Pod, now, refAt time.Time) bool {
 // moves at most by MaxStep. If no pod moves past the dead band, pods that
 // stay keep their reference weight exactly, so nothing needs writing unless
 // the set of pods changed.
-func (e *Engine) settle(now time.Time, set []Pod, proposal []float64, stepBound bool, bands []float64) (weights map[string]uint32, changed, moved bool, maxMove float64) {
+func (e *Engine) settle(now time.Time, set []Pod, proposal []float64, stepBound bool, rules moveRules) (weights map[string]uint32, changed, moved bool, maxMove float64) {
+	flag := func(xs []bool, i int) bool { return xs != nil && xs[i] }
 	ref, refAt := e.reference()
 	n := len(set)
 	inRef := make([]bool, n)
@@ -97,7 +148,7 @@ func (e *Engine) settle(now time.Time, set []Pod, proposal []float64, stepBound 
 		}
 		inRef[i] = true
 		common++
-		if !e.ramping(pod, now, refAt) {
+		if !e.ramping(pod, now, refAt) && !flag(rules.offCapacity, i) {
 			steady[i] = true
 			propSum += proposal[i]
 			refSum += float64(w)
@@ -111,7 +162,7 @@ func (e *Engine) settle(now time.Time, set []Pod, proposal []float64, stepBound 
 	if stepBound {
 		factor := 1 + e.params.MaxStep
 		for i, pod := range set {
-			if steady[i] {
+			if steady[i] && !flag(rules.forced, i) {
 				was := float64(ref[pod.Name]) * scale
 				proposal[i] = min(max(proposal[i], was/factor), was*factor)
 			}
@@ -127,8 +178,14 @@ func (e *Engine) settle(now time.Time, set []Pod, proposal []float64, stepBound 
 		move := math.Abs(proposal[i]/was - 1)
 		maxMove = max(maxMove, move)
 		band := e.params.DeadBand
-		if bands != nil {
-			band = bands[i]
+		if rules.bands != nil {
+			band = rules.bands[i]
+		}
+		if flag(rules.hot, i) && proposal[i] < was {
+			band = min(band, e.params.DeadBand/4)
+		}
+		if flag(rules.forced, i) {
+			band = 0
 		}
 		if move >= band && roundWeight(proposal[i]) != roundWeight(was) {
 			moved = true

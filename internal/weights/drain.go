@@ -1,0 +1,335 @@
+package weights
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// A pod that was sent more than it could serve keeps the excess in a
+// queue. At capacity-proportional weights that queue drains only at the
+// spare capacity the load leaves (1-load of the pod's capacity: a tenth at
+// 90% load), so a backlog built in the minute it takes to notice a change
+// lasts for many minutes, and every request sent to the pod meanwhile waits
+// behind it. Draining weights the pod below its capacity until the backlog
+// is gone.
+//
+// A pod at its CPU limit is overloaded by an amount its CPU cannot show; it
+// is drained by hotDrain until its CPU drops (with or without request
+// rates). The backlog itself is measured when request rates exist. Traffic
+// follows the weights, so over the window of a rate the pod was sent its
+// average weight share of the total; the total is what the pods that keep
+// up serve per unit of share (a median, so pods with a backlog do not pull
+// it down). Sent minus served, times the window, is how much the backlog
+// grew over that window: the backlog now is the one a window ago plus that
+// growth. A pod whose CPU stayed below its limit over the window was idle
+// at some moment of it, so if its backlog did not grow meanwhile it has
+// none.
+
+const (
+	// drainUtil is the utilisation up to which the other pods may be
+	// loaded to take a draining pod's traffic.
+	drainUtil = 0.95
+	// minDeficit is the share of the traffic a pod was sent that it must
+	// fall short of serving before a backlog is believed: below it, the
+	// difference can come from how the two rates were sampled.
+	minDeficit = 0.05
+	// deficitSigmas: the shortfall must also exceed this many standard
+	// deviations of a Poisson count of the requests served in the window.
+	deficitSigmas = 4
+	// hotDrain is the weight factor of a pod whose CPU is at its limit
+	// while no backlog was measured (no request rates, or the backlog
+	// built before the engine saw it): it is overloaded by an unknown
+	// amount, so it gets a fifth less than its capacity until its CPU
+	// drops.
+	hotDrain = 0.8
+	// minDrain is the least factor a drain applies; MaxRatio bounds the
+	// weight further.
+	minDrain = 0.02
+	// negligibleDrain: a drain factor above this is not worth a write.
+	negligibleDrain = 0.95
+	// maxBacklogSeconds caps a backlog estimate at this many seconds of
+	// the pod's capacity: clients time out long before, so a larger
+	// shortfall was dropped, not queued.
+	maxBacklogSeconds = 60
+	// maxBacklogPoints bounds the backlog history kept per pod.
+	maxBacklogPoints = 16
+)
+
+// backlogPoint is a pod's estimated backlog (requests) at a cycle.
+type backlogPoint struct {
+	at time.Time
+	q  float64
+}
+
+// backlogAt returns the backlog estimate from the cycle nearest before at
+// (with some slack for jitter), or 0 when there is none within a window of
+// it.
+func (st *podState) backlogAt(at time.Time, window time.Duration) float64 {
+	slack := window / 8
+	for k := len(st.backlogs) - 1; k >= 0; k-- {
+		p := st.backlogs[k]
+		if p.at.After(at.Add(slack)) {
+			continue
+		}
+		if p.at.Before(at.Add(-window)) {
+			return 0
+		}
+		return p.q
+	}
+	return 0
+}
+
+// drainState is what one cycle measured for draining.
+type drainState struct {
+	active  bool    // draining applies this cycle
+	total   float64 // requests per second sent to all pods, estimated
+	capRate []float64
+	hot     []bool // CPU at the pod's Cores limit
+}
+
+// draining reports whether weights may be drained: DrainTime is on and the
+// live weights are the engine's own (not a dry run, where they are not
+// applied, nor a write that failed), since a drain corrects what the live
+// weights did.
+func (e *Engine) draining() bool {
+	return e.params.DrainTime > 0 && e.liveKnown && !e.unapplied
+}
+
+// trackBacklogs updates every pod's backlog estimate from this cycle's
+// signals and returns what drainProposal needs.
+func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []shareSpan, fromRequests bool) drainState {
+	ds := drainState{
+		active:  e.draining(),
+		capRate: make([]float64, len(set)),
+		hot:     make([]bool, len(set)),
+	}
+	for i, pod := range set {
+		ps := sig.pods[i]
+		ds.hot[i] = ps.hasCPU && knownCores(pod) && ps.cpu >= saturatedUse*pod.Cores
+	}
+	if !ds.active || !fromRequests {
+		for _, pod := range set {
+			if st := e.pods[pod.Name]; st != nil {
+				st.backlog, st.backlogs = 0, nil
+			}
+		}
+		// Without request rates no backlog is measured; pods at their limit
+		// are still drained (by hotDrain), and the traffic moved is
+		// counted in shares of the total.
+		ds.total = 1
+		return ds
+	}
+
+	// Which pods the data speaks for, and what they were sent per share.
+	eligible := make([]bool, len(set))
+	var perShare, perShareCool []float64
+	for i, pod := range set {
+		ps := sig.pods[i]
+		if !ps.hasCPU || ps.cpu <= 0 || !ps.hasRequests || !shares[i].ok || e.warming(pod, now) {
+			continue
+		}
+		eligible[i] = true
+		mid := math.Sqrt(shares[i].lo * shares[i].hi)
+		perShare = append(perShare, ps.requests/mid)
+		if !ds.hot[i] {
+			perShareCool = append(perShareCool, ps.requests/mid)
+		}
+	}
+	if len(perShareCool) > 0 {
+		ds.total = median(perShareCool)
+	} else {
+		ds.total = median(perShare)
+	}
+	if !(ds.total > 0) || math.IsInf(ds.total, 0) {
+		ds.active = false
+		return ds
+	}
+
+	w := e.params.QueryWindow.Seconds()
+	for i, pod := range set {
+		st := e.state(pod.Name)
+		if !eligible[i] {
+			st.backlog = 0
+			continue
+		}
+		ps := sig.pods[i]
+		ds.capRate[i] = ps.requests
+		if knownCores(pod) {
+			ds.capRate[i] = max(ps.requests, ps.requests/ps.cpu*pod.Cores)
+		}
+		sent := math.Sqrt(shares[i].lo*shares[i].hi) * ds.total
+		threshold := max(minDeficit*shares[i].lo*ds.total*w, deficitSigmas*math.Sqrt(ps.requests*w+1))
+		grew := (shares[i].lo*ds.total-ps.requests)*w >= threshold
+		shrank := (ps.requests-shares[i].hi*ds.total)*w >= threshold
+		before := st.backlogAt(now.Add(-e.params.QueryWindow), e.params.QueryWindow)
+		var q float64
+		switch {
+		case knownCores(pod) && !ds.hot[i] && !grew:
+			// It had idle moments in the window, when its queue was empty,
+			// and it was not sent more than it served: no queue now.
+			q = 0
+		case grew || shrank || ds.hot[i]:
+			// The queue grew or shrank, or the pod was busy all the time
+			// (where a queue, if there was one, still is).
+			q = max(0, before+(sent-ps.requests)*w)
+		default:
+			// It served what it was sent: no queue.
+			q = 0
+		}
+		q = min(q, ds.capRate[i]*maxBacklogSeconds)
+		if !(q >= 0) || math.IsInf(q, 0) {
+			q = 0
+		}
+		st.backlog = q
+		st.backlogs = append(st.backlogs, backlogPoint{at: now, q: q})
+		if len(st.backlogs) > maxBacklogPoints {
+			st.backlogs = slices.Delete(st.backlogs, 0, len(st.backlogs)-maxBacklogPoints)
+		}
+	}
+	return ds
+}
+
+// drainProposal lowers the proposal of every pod with a backlog, or with
+// its CPU at its limit, below its capacity, so that the backlog would
+// clear within DrainTime: the pod is sent its capacity minus the backlog
+// over DrainTime (at least a little). The traffic taken off goes to the
+// other pods, at most as much as keeps them below drainUtil. It returns
+// the drained pods and the largest backlog, for the message.
+func (e *Engine) drainProposal(set []Pod, sig signals, ds drainState, proposal []float64) (drained []string, worst string, worstQ float64) {
+	factors := make([]float64, len(set))
+	for i := range factors {
+		factors[i] = 1
+	}
+	if ds.active {
+		sum := 0.0
+		for _, p := range proposal {
+			sum += p
+		}
+		sendsAtCapacity := make([]float64, len(set))
+		for i, pod := range set {
+			st := e.pods[pod.Name]
+			if st == nil || sum <= 0 {
+				continue
+			}
+			sendsAtCapacity[i] = ds.total * proposal[i] / sum
+			f := 1.0
+			if st.backlog > 0 && sendsAtCapacity[i] > 0 {
+				// What it can serve: from its speed and CPU limit, else at
+				// least what it serves, or would be sent at its capacity
+				// weight (unless the whole Service is overloaded).
+				capRate := max(ds.capRate[i], sendsAtCapacity[i])
+				rate := capRate - st.backlog/e.params.DrainTime.Seconds()
+				f = rate / sendsAtCapacity[i]
+			}
+			if ds.hot[i] {
+				f = min(f, hotDrain)
+			}
+			if math.IsNaN(f) {
+				f = 1
+			}
+			factors[i] = min(max(f, minDrain), 1)
+			if factors[i] > negligibleDrain {
+				factors[i] = 1
+			}
+		}
+		// What the others can take.
+		taken, othersSend, cpu, cores := 0.0, 0.0, 0.0, 0.0
+		for i, pod := range set {
+			if factors[i] < 1 {
+				taken += (1 - factors[i]) * sendsAtCapacity[i]
+				continue
+			}
+			othersSend += sendsAtCapacity[i]
+			if ps := sig.pods[i]; ps.hasCPU && knownCores(pod) {
+				cpu += ps.cpu
+				cores += pod.Cores
+			}
+		}
+		use := drainUtil * 0.9 // unknown: assume a little room
+		if cores > 0 {
+			use = cpu / cores
+		}
+		room := 0.0
+		if use > 0 {
+			room = max(0, othersSend*(drainUtil/use-1))
+		}
+		if taken > room {
+			cut := room / taken
+			if !(cut >= 0) {
+				cut = 0
+			}
+			for i := range factors {
+				if factors[i] < 1 {
+					factors[i] = 1 - (1-factors[i])*cut
+					if factors[i] > negligibleDrain {
+						factors[i] = 1
+					}
+				}
+			}
+		}
+	}
+	for i, pod := range set {
+		st := e.pods[pod.Name]
+		if st == nil {
+			continue
+		}
+		st.drain = factors[i]
+		if factors[i] < 1 {
+			proposal[i] *= factors[i]
+			drained = append(drained, pod.Name)
+			if st.backlog > worstQ || worst == "" {
+				worst, worstQ = pod.Name, st.backlog
+			}
+		}
+	}
+	return drained, worst, worstQ
+}
+
+// drainForced reports, per pod, whether its weight must be written
+// whatever the dead band says: a drain starts, ends, or changes by more
+// than the dead band.
+func (e *Engine) drainForced(set []Pod) []bool {
+	out := make([]bool, len(set))
+	for i, pod := range set {
+		st := e.pods[pod.Name]
+		if st == nil {
+			continue
+		}
+		now, live := st.drainOr1(), st.liveDrainOr1()
+		switch {
+		case (now < 1) != (live < 1):
+			out[i] = true
+		case now < 1 && math.Abs(now/live-1) >= e.params.DeadBand:
+			out[i] = true
+		}
+	}
+	return out
+}
+
+func (st *podState) drainOr1() float64 {
+	if st.drain > 0 {
+		return st.drain
+	}
+	return 1
+}
+
+func (st *podState) liveDrainOr1() float64 {
+	if st.liveDrain > 0 {
+		return st.liveDrain
+	}
+	return 1
+}
+
+// drainMessage describes the drains of this cycle.
+func drainMessage(drained []string, worst string, worstQ float64) string {
+	if len(drained) == 0 {
+		return ""
+	}
+	if worstQ > 0 {
+		return fmt.Sprintf("; draining %d pod(s) with a backlog or at their CPU limit (largest backlog: %s, about %.0f requests)",
+			len(drained), worst, worstQ)
+	}
+	return fmt.Sprintf("; draining %d pod(s) at their CPU limit (%s first)", len(drained), worst)
+}
