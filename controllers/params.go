@@ -41,6 +41,8 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&d.Params.Smoothing, "default-smoothing", d.Params.Smoothing, "Share of a new capacity observation in the running estimate (spec.optimization.smoothing_percent / 100).")
 	fs.Float64Var(&d.Params.MinCPU, "default-min-cpu", d.Params.MinCPU, "Mean CPU cores per pod below which weights are held (spec.optimization.min_cpu_millicores / 1000).")
 	fs.DurationVar(&d.Params.SlowStart, "default-slow-start", d.Params.SlowStart, "Ramp-up of a new pod's weight (spec.optimization.slow_start).")
+	fs.DurationVar(&d.Params.DrainTime, "default-drain-time", d.Params.DrainTime, "Time within which a pod's backlog should clear; it gets less traffic until then (spec.optimization.drain_time).")
+	fs.Float64Var(&d.Params.SpeedTilt, "default-speed-tilt", d.Params.SpeedTilt, "Exponent of speed in weight = capacity x speed^tilt (spec.optimization.speed_tilt_percent / 100).")
 	fs.DurationVar(&d.Params.Expiry, "default-weight-expiry", d.Params.Expiry, "How long the last good weights are held while metrics fail (spec.optimization.weight_expiry).")
 	fs.BoolVar(&d.Params.PoolByHardware, "default-share-by-hardware", d.Params.PoolByHardware, "Share capacity estimates between pods on the same node instance type (spec.optimization.share_by_hardware).")
 	fs.StringVar(&d.CPUQuery, "default-cpu-query", d.CPUQuery, "PromQL template of per-pod CPU cores (spec.optimization.cpu_query).")
@@ -107,6 +109,12 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 		}
 		if o.SlowStart != nil {
 			s.Params.SlowStart = o.SlowStart.Duration
+		}
+		if o.DrainTime != nil {
+			s.Params.DrainTime = o.DrainTime.Duration
+		}
+		if o.SpeedTiltPercent != nil {
+			s.Params.SpeedTilt = float64(*o.SpeedTiltPercent) / 100
 		}
 		if o.WeightExpiry != nil {
 			s.Params.Expiry = o.WeightExpiry.Duration

@@ -99,6 +99,20 @@ type Optimization struct {
 	// +optional
 	SlowStart *metav1.Duration `json:"slow_start,omitempty"`
 
+	// drain_time: a pod that fell behind (served fewer requests than it was
+	// sent) gets less than its capacity until its backlog would clear within
+	// this time.
+	// +optional
+	DrainTime *metav1.Duration `json:"drain_time,omitempty"`
+
+	// speed_tilt_percent bends weights from plain capacity shares toward
+	// faster pods (capacity x speed^(tilt/100)); a little tilt lowers tail
+	// latency on unlike hardware. 0 gives exactly equal utilisation.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=50
+	// +optional
+	SpeedTiltPercent *int32 `json:"speed_tilt_percent,omitempty"`
+
 	// weight_expiry is how long the last good weights are held while the
 	// metrics backend fails; after it, weights fall back to equal.
 	// +optional

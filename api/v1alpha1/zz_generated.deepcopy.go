@@ -207,6 +207,16 @@ func (in *Optimization) DeepCopyInto(out *Optimization) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.DrainTime != nil {
+		in, out := &in.DrainTime, &out.DrainTime
+		*out = new(v1.Duration)
+		**out = **in
+	}
+	if in.SpeedTiltPercent != nil {
+		in, out := &in.SpeedTiltPercent, &out.SpeedTiltPercent
+		*out = new(int32)
+		**out = **in
+	}
 	if in.WeightExpiry != nil {
 		in, out := &in.WeightExpiry, &out.WeightExpiry
 		*out = new(v1.Duration)
