@@ -161,14 +161,14 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 			// Nothing is written and nothing live is deleted: the last
 			// good routing stays in place until the problem is fixed.
 			st.stalled(p.Reason, p.Message)
-			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", p.Message)
+			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", "%s", p.Message)
 			return ctrl.Result{}, nil
 		}
 		st.degraded(p.Reason, p.Message)
 	}
 	if msg := live.conflicts(opt, res); msg != "" {
 		st.stalled("ObjectConflict", msg)
-		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "ObjectConflict", "Reconcile", msg)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "ObjectConflict", "Reconcile", "%s", msg)
 		return ctrl.Result{}, nil
 	}
 	if res.VirtualService != nil && len(live.otherVirtualServices) > 0 && live.vs != nil {
@@ -178,7 +178,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 			"Delete one, or set routing_mode: none and point that route's destination host at %s",
 			live.otherVirtualServices[0], res.KubernetesHost, live.vs.Namespace, live.vs.Name, res.Host)
 		st.degraded("VirtualServiceConflict", msg)
-		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", msg)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", "%s", msg)
 	}
 	if res.VirtualService != nil {
 		if others := live.otherVirtualServices; len(others) > 0 && live.vs == nil {
@@ -186,7 +186,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 				"Point that route's destination host at %s to use the optimized weights, or set routing_mode: none",
 				others[0], res.KubernetesHost, res.Host)
 			st.degraded("VirtualServiceConflict", msg)
-			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", msg)
+			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", "%s", msg)
 			res.VirtualService = nil
 			st.owned.VirtualService = ""
 		}
@@ -376,6 +376,7 @@ func (r *MirrorReconciler) apply(ctx context.Context, opt *optv1.IstioAdaptiveRe
 			return fmt.Errorf("apply %s %s/%s: %w", it.kind, it.obj.GetNamespace(), it.obj.GetName(), err)
 		}
 		r.Metrics.Writes.WithLabelValues(res.Namespace, opt.Spec.ServiceName, it.kind).Inc()
+		r.Recorder.Eventf(opt, it.obj, corev1.EventTypeNormal, "Applied", "Apply", "Applied %s %s/%s", it.kind, it.obj.GetNamespace(), it.obj.GetName())
 		log.FromContext(ctx).Info("Applied owned object", "kind", it.kind, "object", client.ObjectKeyFromObject(it.obj))
 	}
 	if res.VirtualService == nil && live.vs != nil && desired.IsOwnedBy(live.vs, opt) && opt.Routing() == optv1.RoutingNone {
