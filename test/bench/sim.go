@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/liorfranko/istio-adaptive-least-request/test/edf"
 )
 
 // The simulator: a discrete-event model of N pods (FCFS queue in front of
@@ -176,7 +178,7 @@ type simClient struct {
 	rrIdx    uint64
 	w        []float64 // weights by pod index (shared for central strategies)
 	equal    bool
-	edf      edf
+	edf      edf.Scheduler
 	cs       []csHost // cswrr, by pod index
 	csTmp    []float64
 }
@@ -551,7 +553,7 @@ func (s *sim) pick(c *simClient, ci int32) int32 {
 	switch s.def.lb {
 	case lbWRR:
 		if !c.equal {
-			return c.edf.pickStatic(c.w)
+			return c.edf.Pick(c.w)
 		}
 		fallthrough
 	case lbRR:
@@ -560,8 +562,8 @@ func (s *sim) pick(c *simClient, ci int32) int32 {
 		return h
 	case lbWLR:
 		if !c.equal {
-			h := c.edf.top()
-			c.edf.readd(c.w[h] / float64(s.active[int(ci)*s.P+int(h)]+1))
+			h := c.edf.Top()
+			c.edf.Readd(c.w[h] / float64(s.active[int(ci)*s.P+int(h)]+1))
 			return h
 		}
 		fallthrough
@@ -594,7 +596,7 @@ func (s *sim) rebuild(ci int32) {
 	if c.equal || (s.def.lb != lbWRR && s.def.lb != lbWLR) {
 		return
 	}
-	c.edf.reset()
+	c.edf.Reset()
 	row := s.active[int(ci)*s.P : int(ci+1)*s.P]
 	weight := func(h int32) float64 {
 		if s.def.lb == lbWLR {
@@ -603,11 +605,11 @@ func (s *sim) rebuild(ci int32) {
 		return c.w[h]
 	}
 	for _, h := range s.hosts {
-		c.edf.add(h, weight(h))
+		c.edf.Add(h, weight(h))
 	}
 	for n := c.seed % uint64(len(s.hosts)); n > 0; n-- {
-		h := c.edf.top()
-		c.edf.readd(weight(h))
+		h := c.edf.Top()
+		c.edf.Readd(weight(h))
 	}
 }
 

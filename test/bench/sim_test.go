@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/liorfranko/istio-adaptive-least-request/test/edf"
 )
 
 func mustParse(t *testing.T, y string) *Scenario {
@@ -81,9 +83,9 @@ strategies: [rr]
 
 func TestEDFPickSharesEqualWeightShares(t *testing.T) {
 	w := []float64{1, 2, 3, 5, 13, 100, 7}
-	var e edf
+	var e edf.Scheduler
 	for h := range w {
-		e.add(int32(h), w[h])
+		e.Add(int32(h), w[h])
 	}
 	total := 0.0
 	for _, v := range w {
@@ -92,7 +94,7 @@ func TestEDFPickSharesEqualWeightShares(t *testing.T) {
 	rounds := 50
 	counts := make([]int, len(w))
 	for i := 0; i < int(total)*rounds; i++ {
-		counts[e.pickStatic(w)]++
+		counts[e.Pick(w)]++
 	}
 	for h, c := range counts {
 		if want := int(w[h]) * rounds; c < want-1 || c > want+1 {
@@ -102,14 +104,14 @@ func TestEDFPickSharesEqualWeightShares(t *testing.T) {
 }
 
 func TestEDFTiesInInsertionOrder(t *testing.T) {
-	var e edf
+	var e edf.Scheduler
 	for h := range 4 {
-		e.add(int32(h), 1)
+		e.Add(int32(h), 1)
 	}
 	w := []float64{1, 1, 1, 1}
 	var got []int32
 	for range 8 {
-		got = append(got, e.pickStatic(w))
+		got = append(got, e.Pick(w))
 	}
 	want := []int32{0, 1, 2, 3, 0, 1, 2, 3}
 	for i := range want {

@@ -1,11 +1,14 @@
-package main
+// Package edf is Envoy's earliest-deadline-first scheduler, the core of its
+// weighted ROUND_ROBIN and weighted LEAST_REQUEST, shared by the benchmark
+// and the demo so that both balance exactly as Envoy does.
+package edf
 
-// edf is Envoy's EdfScheduler: every entry has a deadline; a pick takes the
+// Scheduler is Envoy's EdfScheduler: every entry has a deadline; a pick takes the
 // entry with the smallest (deadline, insertion order), advances the
 // scheduler's current time to that deadline and re-adds the entry with
 // deadline current + 1/weight, where the weight is read at re-add time (which
 // is what makes weighted LEAST_REQUEST use the active count seen at pick time).
-type edf struct {
+type Scheduler struct {
 	h     []edfEntry
 	cur   float64
 	order uint64
@@ -21,15 +24,15 @@ func edfLess(a, b *edfEntry) bool {
 	return a.deadline < b.deadline || (a.deadline == b.deadline && a.order < b.order)
 }
 
-// reset empties the scheduler, as a rebuild does.
-func (e *edf) reset() {
+// Reset empties the scheduler, as a rebuild does.
+func (e *Scheduler) Reset() {
 	e.h = e.h[:0]
 	e.cur = 0
 	e.order = 0
 }
 
-// add inserts host at deadline current + 1/weight.
-func (e *edf) add(host int32, weight float64) {
+// Add inserts host at deadline current + 1/weight.
+func (e *Scheduler) Add(host int32, weight float64) {
 	e.h = append(e.h, edfEntry{deadline: e.cur + 1/weight, order: e.order, host: host})
 	e.order++
 	// sift up
@@ -44,15 +47,15 @@ func (e *edf) add(host int32, weight float64) {
 	}
 }
 
-// top returns the host to pick and advances the current time to its
-// deadline. It must be followed by readd.
-func (e *edf) top() int32 {
+// Top returns the host to pick and advances the current time to its
+// deadline. It must be followed by Readd.
+func (e *Scheduler) Top() int32 {
 	e.cur = e.h[0].deadline
 	return e.h[0].host
 }
 
-// readd re-inserts the host returned by top with the given weight.
-func (e *edf) readd(weight float64) {
+// Readd re-inserts the host returned by Top with the given weight.
+func (e *Scheduler) Readd(weight float64) {
 	h := e.h
 	h[0].deadline = e.cur + 1/weight
 	h[0].order = e.order
@@ -77,9 +80,9 @@ func (e *edf) readd(weight float64) {
 	}
 }
 
-// pickStatic is pickAndAdd with a static weight per host (indexed by host).
-func (e *edf) pickStatic(w []float64) int32 {
-	host := e.top()
-	e.readd(w[host])
+// Pick is Envoy's pickAndAdd with a static weight per host (indexed by host).
+func (e *Scheduler) Pick(w []float64) int32 {
+	host := e.Top()
+	e.Readd(w[host])
 	return host
 }

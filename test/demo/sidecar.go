@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/liorfranko/istio-adaptive-least-request/test/edf"
+	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
+)
+
+// endpointWeight is one endpoint a sidecar balances over.
+type endpointWeight struct {
+	Address string
+	Weight  uint32
+}
+
+// weightSource is where a sidecar learns its endpoints and weights.
+type weightSource interface {
+	Endpoints(ctx context.Context) ([]endpointWeight, error)
+	Close()
+}
+
+// xdsSource reads what istiod sends a sidecar: the cluster the route for the
+// Kubernetes Service's host:port leads to (the optimized host's, through the
+// operator's VirtualService), and that cluster's endpoints with their weights.
+// Like Envoy, only the highest-priority group of endpoints is used.
+type xdsSource struct {
+	x    *harness.XDSClient
+	host string
+	port int
+}
+
+func (s *xdsSource) Endpoints(context.Context) ([]endpointWeight, error) {
+	if err := s.x.Err(); err != nil {
+		return nil, fmt.Errorf("xDS stream: %w", err)
+	}
+	cluster, err := s.x.RouteCluster(s.host, s.port)
+	if err != nil {
+		return nil, err
+	}
+	eps, err := s.x.Endpoints(cluster)
+	if err != nil {
+		return nil, err
+	}
+	best := uint32(1 << 31)
+	for _, e := range eps {
+		if usable(e.Health) && e.Priority < best {
+			best = e.Priority
+		}
+	}
+	var out []endpointWeight
+	for _, e := range eps {
+		if usable(e.Health) && e.Priority == best {
+			out = append(out, endpointWeight{Address: e.Address, Weight: e.Weight})
+		}
+	}
+	return out, nil
+}
+
+func usable(health string) bool { return health == "HEALTHY" || health == "UNKNOWN" || health == "" }
+
+func (s *xdsSource) Close() { s.x.Close() }
+
+// seSource reads the weights straight from the operator's ServiceEntry,
+// for machines without istiod.
+type seSource struct {
+	c   client.Client
+	key client.ObjectKey
+}
+
+func (s *seSource) Endpoints(ctx context.Context) ([]endpointWeight, error) {
+	se := &istionet.ServiceEntry{}
+	if err := s.c.Get(ctx, s.key, se); err != nil {
+		return nil, err
+	}
+	var out []endpointWeight
+	for _, e := range se.Spec.Endpoints {
+		out = append(out, endpointWeight{Address: e.Address, Weight: e.Weight})
+	}
+	return out, nil
+}
+
+func (s *seSource) Close() {}
+
+// sidecar is one load generator acting as a client's sidecar: Poisson
+// arrivals at its own rate, each request sent to the pod Envoy's weighted
+// ROUND_ROBIN (an EDF schedule over the weights this sidecar currently has)
+// picks, over a connection pool of its own, with a timeout. It polls its
+// weight source every 500 ms and, like Envoy, rebuilds its schedule at a
+// random offset when the host set or a weight changes.
+type sidecar struct {
+	id     int
+	rate   float64 // requests per second
+	src    weightSource
+	byAddr map[string]int // EndpointSlice address -> pod index
+	pods   []*simPod
+	http   *http.Client
+	rec    *recorder
+	rng    *rand.Rand // arrivals (generate's goroutine only)
+
+	mu      sync.Mutex
+	offsets *rand.Rand // schedule offsets, under mu
+	hosts   []int      // pod index per scheduler host
+	weights []float64  // weight per scheduler host
+	byPod   []uint32   // weight per pod index (0: not an endpoint)
+	key     string
+	sched   edf.Scheduler
+	synced  bool
+	lastErr error
+
+	unmapped atomic.Int64
+	inflight sync.WaitGroup
+}
+
+func newSidecar(id int, rate float64, src weightSource, byAddr map[string]int, pods []*simPod, timeout time.Duration, rec *recorder, seed uint64) *sidecar {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        0,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	return &sidecar{
+		id: id, rate: rate, src: src, byAddr: byAddr, pods: pods, rec: rec,
+		http:    &http.Client{Transport: tr, Timeout: timeout},
+		rng:     rand.New(rand.NewPCG(seed, uint64(id))),
+		offsets: rand.New(rand.NewPCG(seed+1, uint64(id))),
+		byPod:   make([]uint32, len(pods)),
+	}
+}
+
+// refresh reads the weight source and rebuilds the schedule on a change.
+func (s *sidecar) refresh(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	eps, err := s.src.Endpoints(rctx)
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.lastErr = err // keep balancing over what we have, as Envoy does
+		return
+	}
+	s.lastErr = nil
+	var hosts []int
+	var weights []float64
+	byPod := make([]uint32, len(s.pods))
+	var key strings.Builder
+	for _, e := range eps {
+		// The endpoint address is the pod's identifier (198.18.x.y); the
+		// request goes to the pod's loopback server. Nothing is ever sent
+		// to 198.18.0.0/15.
+		i, ok := s.byAddr[e.Address]
+		if !ok {
+			s.unmapped.Add(1)
+			continue
+		}
+		w := e.Weight
+		if w == 0 {
+			w = 1 // istiod sends weight 0 as 1
+		}
+		hosts = append(hosts, i)
+		weights = append(weights, float64(w))
+		byPod[i] = w
+		key.WriteString(e.Address + "=" + strconv.FormatUint(uint64(w), 10) + ",")
+	}
+	if len(hosts) == 0 || key.String() == s.key {
+		return
+	}
+	s.key, s.hosts, s.weights, s.byPod = key.String(), hosts, weights, byPod
+	// Envoy rebuilds the EDF schedule: hosts added in order at 1/weight,
+	// then a random number of picks thrown away so that sidecars do not
+	// move in lock step. (With equal weights Envoy's unweighted round robin
+	// starts at a random index: the same sequence.)
+	s.sched.Reset()
+	for h, w := range weights {
+		s.sched.Add(int32(h), w)
+	}
+	for n := s.offsets.IntN(len(hosts)); n > 0; n-- {
+		s.sched.Pick(s.weights)
+	}
+	s.synced = true
+}
+
+// Synced reports whether the sidecar has endpoints to send to.
+func (s *sidecar) Synced() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.synced
+}
+
+// View returns the weight per pod index this sidecar currently uses (0 for
+// a pod that is not an endpoint).
+func (s *sidecar) View() []uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.byPod)
+}
+
+func (s *sidecar) LastErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr
+}
+
+func (s *sidecar) pick() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hosts[s.sched.Pick(s.weights)]
+}
+
+// pollWeights refreshes every 500 ms until ctx is done.
+func (s *sidecar) pollWeights(ctx context.Context) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.refresh(ctx)
+		}
+	}
+}
+
+// generate sends requests with Poisson arrivals until stop is closed, then
+// waits for the requests in flight. abort cancels requests in flight.
+func (s *sidecar) generate(stop <-chan struct{}, abort context.Context) {
+	defer s.inflight.Wait()
+	next := time.Now()
+	timer := time.NewTimer(0)
+	<-timer.C
+	for {
+		next = next.Add(time.Duration(s.rng.ExpFloat64() / s.rate * float64(time.Second)))
+		if d := time.Until(next); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-stop:
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+		} else {
+			select {
+			case <-stop:
+				return
+			default: // behind schedule: send at once
+			}
+		}
+		pod := s.pick()
+		s.inflight.Add(1)
+		go s.send(abort, pod)
+	}
+}
+
+func (s *sidecar) send(ctx context.Context, pod int) {
+	defer s.inflight.Done()
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.pods[pod].addr+"/work", nil)
+	if err != nil {
+		return
+	}
+	resp, err := s.http.Do(req)
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+	}
+	if ctx.Err() != nil {
+		return // interrupted: not a measurement
+	}
+	lat := time.Since(start)
+	outcome := outcomeOK
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			outcome = outcomeTimeout
+			lat = s.http.Timeout
+		} else {
+			outcome = outcomeError
+		}
+	}
+	s.rec.add(start, pod, lat, outcome)
+}
+
+func (s *sidecar) close() {
+	s.src.Close()
+	s.http.CloseIdleConnections()
+}
