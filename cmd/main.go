@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/go-logr/zapr"
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -150,8 +150,8 @@ func run() error {
 				cacheOpts.DefaultNamespaces[ns] = cache.Config{}
 			}
 		}
-		// Nodes are cluster-scoped.
-		cacheOpts.ByObject[&corev1.Node{}] = cache.ByObject{Transform: controllers.TrimNode, Namespaces: map[string]cache.Config{cache.AllNamespaces: {}}}
+		// Nodes are cluster-scoped: the cache reads them cluster-wide whatever
+		// DefaultNamespaces says (a Namespaces setting for them is an error).
 	}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"

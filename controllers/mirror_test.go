@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	networking "istio.io/api/networking/v1"
+	networking "istio.io/api/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -231,4 +231,54 @@ func TestMissingServiceStallsAndRecovers(t *testing.T) {
 			t.Errorf("live %T was removed when the Service vanished: %v", obj, err)
 		}
 	}
+}
+
+// Changing service_name moves the optimizer to another Service: the routing
+// objects of the old one are removed (nobody would keep them in line with its
+// pods any more) and the new Service gets its own.
+func TestRetargetRemovesTheOldServicesObjects(t *testing.T) {
+	ns := newNamespace(t)
+	webService(t, ns, Ready("web-0", IP(41, 1), "node-a-"+ns))
+	mustCreate(t,
+		Service(ns, "api", ServicePort("http", 80, intstr.FromInt32(8080))),
+		EndpointSlice(ns, "api-1", "api", []SlicePort{{Name: "http", Port: 8080}}, Ready("api-0", IP(41, 2), "")),
+		Optimizer(ns, "web", "web"),
+	)
+	mustEventuallySE(t, ns, wantAddrs(IP(41, 1)))
+	getVS(t, ns, "web-adaptive")
+
+	o, err := getOpt(ns, "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(o.DeepCopy())
+	o.Spec.ServiceName = "api"
+	if err := k8s.Patch(context.Background(), o, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitFor, "objects of the new Service", func() error {
+		se, err := getSE(ns, "api-adaptive")
+		if err != nil {
+			return err
+		}
+		return wantAddrs(IP(41, 2))(se)
+	})
+	eventually(t, waitFor, "objects of the old Service removed", func() error {
+		for _, obj := range []client.Object{seObj(), vsObj(), drObj()} {
+			if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "web-adaptive"}, obj); err == nil {
+				return fmt.Errorf("%T web-adaptive still exists", obj)
+			}
+		}
+		return nil
+	})
+	eventually(t, waitFor, "status names the new objects", func() error {
+		o, err := getOpt(ns, "web")
+		if err != nil {
+			return err
+		}
+		if o.Status.OwnedObjects.ServiceEntry != "api-adaptive" || condition(o, "Ready") != "True/Reconciled" {
+			return fmt.Errorf("status %+v", o.Status)
+		}
+		return nil
+	})
 }

@@ -7,9 +7,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -114,6 +115,10 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		}
 	}
 
+	if err := r.retarget(ctx, opt); err != nil {
+		st.failed("RetargetFailed", err.Error())
+		return ctrl.Result{}, err
+	}
 	if msg := crossNamespaceDenied(opt, r.DenyCrossNS); msg != "" {
 		st.stalled("CrossNamespaceDenied", msg)
 		return ctrl.Result{}, nil
@@ -423,21 +428,12 @@ func (r *MirrorReconciler) publish(opt *optv1.IstioAdaptiveRequestOptimizer, res
 // finalize removes owned objects in another namespace, then the finalizer.
 func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer) error {
 	key := client.ObjectKeyFromObject(opt)
+	owned := false
 	if controllerutil.ContainsFinalizer(opt, Finalizer) {
 		name := types.NamespacedName{Namespace: opt.TargetNamespace(), Name: desired.ObjectName(opt.Spec.ServiceName)}
-		for _, obj := range []client.Object{&istionet.VirtualService{}, &istionet.DestinationRule{}, &istionet.ServiceEntry{}} {
-			if err := r.Client.Get(ctx, name, obj); err != nil {
-				if apierrors.IsNotFound(err) {
-					continue
-				}
-				return fmt.Errorf("get %T %s for cleanup: %w", obj, name, err)
-			}
-			if !desired.IsOwnedBy(obj, opt) {
-				continue
-			}
-			if err := r.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
-				return fmt.Errorf("delete %T %s: %w", obj, name, err)
-			}
+		var err error
+		if owned, err = r.deleteOwned(ctx, opt, name); err != nil {
+			return err
 		}
 		patch := client.MergeFrom(opt.DeepCopy())
 		controllerutil.RemoveFinalizer(opt, Finalizer)
@@ -448,7 +444,55 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 	r.Loop.Stop(key)
 	r.Weights.Forget(key)
 	r.Metrics.ForgetOptimizer(key.Namespace, key.Name)
-	r.Metrics.ForgetService(opt.TargetNamespace(), opt.Spec.ServiceName)
+	if owned {
+		// Only the optimizer that owned the objects publishes the Service's
+		// series; a stalled duplicate must not wipe them.
+		r.Metrics.ForgetService(opt.TargetNamespace(), opt.Spec.ServiceName)
+	}
+	return nil
+}
+
+// deleteOwned deletes the routing objects of this optimizer named name, and
+// says whether there were any. Objects of others are left alone.
+func (r *MirrorReconciler) deleteOwned(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, name types.NamespacedName) (bool, error) {
+	owned := false
+	for _, obj := range []client.Object{&istionet.VirtualService{}, &istionet.DestinationRule{}, &istionet.ServiceEntry{}} {
+		if err := r.Client.Get(ctx, name, obj); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return owned, fmt.Errorf("get %T %s for cleanup: %w", obj, name, err)
+		}
+		if !desired.IsOwnedBy(obj, opt) {
+			continue
+		}
+		owned = true
+		if err := r.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+			return owned, fmt.Errorf("delete %T %s: %w", obj, name, err)
+		}
+	}
+	return owned, nil
+}
+
+// retarget removes the objects of a Service the optimizer no longer names
+// (service_name or service_namespace changed): nobody would keep them in
+// line with that Service's pods any more, so its traffic goes back to plain
+// Kubernetes routing.
+func (r *MirrorReconciler) retarget(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer) error {
+	old := opt.Status.OwnedObjects
+	if old.ServiceEntry == "" || (old.Namespace == opt.TargetNamespace() && old.ServiceEntry == desired.ObjectName(opt.Spec.ServiceName)) {
+		return nil
+	}
+	owned, err := r.deleteOwned(ctx, opt, types.NamespacedName{Namespace: old.Namespace, Name: old.ServiceEntry})
+	if err != nil {
+		return err
+	}
+	if owned {
+		log.FromContext(ctx).Info("Removed the routing objects of the Service the optimizer no longer names", "namespace", old.Namespace, "name", old.ServiceEntry)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeNormal, "Retargeted", "Delete", "Removed %s/%s of the Service the optimizer no longer names", old.Namespace, old.ServiceEntry)
+		r.Metrics.ForgetService(old.Namespace, strings.TrimSuffix(old.ServiceEntry, "-adaptive"))
+	}
+	r.Weights.Forget(client.ObjectKeyFromObject(opt))
 	return nil
 }
 

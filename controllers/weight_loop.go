@@ -173,6 +173,14 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 
 	cpu, err := l.Source.Query(ctx, s.CPUQuery, qt, now)
 	l.Metrics.QueryLatency.WithLabelValues(tgt.service, tgt.namespace).Set(cpu.Latency.Seconds())
+	var emptyCPU *promsource.EmptyResultError
+	if errors.As(err, &emptyCPU) {
+		// The backend answered, with nothing for these pods: a query or
+		// scrape problem for the user to fix, not an outage (NoData).
+		l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "cpu", "empty").Inc()
+		logger.Info("CPU query returned no data for the pods", "query", cpu.Query)
+		err = nil
+	}
 	if err != nil {
 		obs.Err = fmt.Errorf("CPU query: %w", err)
 		l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "cpu", queryErrorReason(err)).Inc()

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -12,6 +13,7 @@ import (
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
 
@@ -150,5 +152,30 @@ func TestCrossNamespaceDenied(t *testing.T) {
 	}
 	if msg := crossNamespaceDenied(other, true); msg == "" {
 		t.Error("cross-namespace optimizer allowed with the deny flag")
+	}
+}
+
+// emptySource answers every query with no series for the pods.
+type emptySource struct{}
+
+func (emptySource) Query(_ context.Context, _ string, _ promsource.Target, _ time.Time) (promsource.Result, error) {
+	return promsource.Result{Query: "q"}, &promsource.EmptyResultError{Query: "q"}
+}
+
+// A backend that answers with nothing for the pods is a query or scrape
+// problem (NoData, "check the queries"), not an outage (Holding).
+func TestEmptyAnswerIsNoDataNotAnOutage(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	book := NewWeightBook()
+	d := DefaultEngineDefaults()
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	book.Applied(key, d.Params, clk.Now(), []desired.Endpoint{{Pod: "web-0", Weight: 1000}, {Pod: "web-1", Weight: 1000}})
+	wake := make(chan event.GenericEvent, 1)
+	loop := &WeightLoop{Source: emptySource{}, Book: book, Clock: clk, Metrics: metrics.New(), Wake: wake}
+	s, _ := settingsFor(optimizerFor("ns", "web"), d)
+	loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
+	out := book.Outcome(key)
+	if out == nil || out.Result.Mode != weights.ModeNoData {
+		t.Fatalf("outcome %+v, want mode NoData", out)
 	}
 }

@@ -156,18 +156,22 @@ func (m *Metrics) SetPods(namespace, service string, pods []PodSample) {
 	sk := serviceKey{namespace, service}
 	now := map[podKey]struct{}{}
 	for _, p := range pods {
+		now[podKey{p.Pod, p.IP, p.Locality}] = struct{}{}
+	}
+	// Gone pods first: a new pod may have taken a gone pod's IP, and its
+	// endpoint_weight series has the same labels.
+	for k := range m.pods[sk] {
+		if _, ok := now[k]; !ok {
+			m.deletePod(namespace, service, k)
+		}
+	}
+	for _, p := range pods {
 		k := podKey{p.Pod, p.IP, p.Locality}
-		now[k] = struct{}{}
 		m.EndpointWeight.WithLabelValues(namespace, service, p.IP, p.Locality).Set(float64(p.Weight))
 		if p.Signals {
 			setOpt(m.PodCPU, p.CPU, namespace, service, k)
 			setOpt(m.PodRequestRate, p.RequestRate, namespace, service, k)
 			setOpt(m.PodCapacity, p.Capacity, namespace, service, k)
-		}
-	}
-	for k := range m.pods[sk] {
-		if _, ok := now[k]; !ok {
-			m.deletePod(namespace, service, k)
 		}
 	}
 	m.pods[sk] = now

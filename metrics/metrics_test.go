@@ -116,3 +116,17 @@ func TestConditionSeriesReplaceAndForget(t *testing.T) {
 		t.Errorf("series left after ForgetOptimizer: %d", got)
 	}
 }
+
+// A new pod that takes a gone pod's IP keeps its endpoint_weight series
+// (both have the same labels).
+func TestSetPodsReusedIPKeepsTheNewPodsSeries(t *testing.T) {
+	m := New()
+	m.SetPods("shop", "cart", []PodSample{{Pod: "a", IP: "198.18.0.1", Locality: "r/z", Weight: 900}})
+	m.SetPods("shop", "cart", []PodSample{{Pod: "b", IP: "198.18.0.1", Locality: "r/z", Weight: 1100}})
+	if got := testutil.ToFloat64(m.EndpointWeight.WithLabelValues("shop", "cart", "198.18.0.1", "r/z")); got != 1100 {
+		t.Errorf("endpoint_weight of the new pod = %v, want 1100", got)
+	}
+	if got := testutil.CollectAndCount(m.EndpointWeight); got != 1 {
+		t.Errorf("series = %d, want 1", got)
+	}
+}

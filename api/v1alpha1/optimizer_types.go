@@ -250,7 +250,8 @@ type IstioAdaptiveRequestOptimizer struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   IstioAdaptiveRequestOptimizerSpec   `json:"spec,omitempty"`
+	// +kubebuilder:validation:Required
+	Spec   IstioAdaptiveRequestOptimizerSpec   `json:"spec"`
 	Status IstioAdaptiveRequestOptimizerStatus `json:"status,omitempty"`
 }
 

@@ -4,7 +4,7 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/proto"
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 

@@ -15,8 +15,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	networking "istio.io/api/networking/v1"
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	networking "istio.io/api/networking/v1alpha3"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

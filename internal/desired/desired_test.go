@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
-	networking "istio.io/api/networking/v1"
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	networking "istio.io/api/networking/v1alpha3"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -898,7 +898,7 @@ func TestComputeRoutingObjects(t *testing.T) {
 			if !slices.Equal(se.Spec.Hosts, []string{tc.host}) || se.Spec.Location != networking.ServiceEntry_MESH_INTERNAL || se.Spec.Resolution != networking.ServiceEntry_STATIC {
 				t.Errorf("ServiceEntry hosts %v location %v resolution %v", se.Spec.Hosts, se.Spec.Location, se.Spec.Resolution)
 			}
-			if se.Kind != "ServiceEntry" || se.APIVersion != "networking.istio.io/v1" || dr.Kind != "DestinationRule" {
+			if se.Kind != "ServiceEntry" || se.APIVersion != "networking.istio.io/v1alpha3" || dr.Kind != "DestinationRule" {
 				t.Errorf("type meta %v %v", se.TypeMeta, dr.TypeMeta)
 			}
 

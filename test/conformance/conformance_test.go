@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
-	networking "istio.io/api/networking/v1"
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	networking "istio.io/api/networking/v1alpha3"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

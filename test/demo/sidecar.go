@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/liorfranko/istio-adaptive-least-request/test/edf"

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	istionet "istio.io/client-go/pkg/apis/networking/v1"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -61,6 +61,8 @@ func TestManagerBinaryAgainstKubeconfig(t *testing.T) {
 		"--metrics-bind-address", metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address", probeAddr,
 		"--vmdb-url", "http://127.0.0.1:1/select/0/prometheus",
+		// A restricted watch must still read cluster-scoped Nodes.
+		"--watch-namespaces", "shop,other",
 	)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+api.Kubeconfig)
 	logFile, err := os.Create(filepath.Join(t.TempDir(), "manager.log"))
