@@ -620,7 +620,7 @@ func TestCRDValidationRejectsBadInput(t *testing.T) {
 				map[string]any{"number": int64(80), "protocol": "http"},
 				map[string]any{"number": int64(80), "protocol": "grpc"},
 			}},
-			want: "service_ports numbers must be unique",
+			want: "Duplicate value",
 		},
 		"missing service_name": {
 			spec: map[string]any{"locality_enabled": true},

@@ -137,7 +137,6 @@ type Optimization struct {
 }
 
 // IstioAdaptiveRequestOptimizerSpec is what the user asks for.
-// +kubebuilder:validation:XValidation:rule="!has(self.service_ports) || self.service_ports.all(p, self.service_ports.exists_one(q, q.number == p.number))",message="service_ports numbers must be unique"
 type IstioAdaptiveRequestOptimizerSpec struct {
 	// service_name is the Service to optimize.
 	// +kubebuilder:validation:MinLength=1
@@ -157,7 +156,11 @@ type IstioAdaptiveRequestOptimizerSpec struct {
 	LocalityEnabled bool `json:"locality_enabled,omitempty"`
 
 	// service_ports lists the ports to optimize; empty means all ports.
+	// Port numbers are unique (a list map keyed by number, which the API
+	// server enforces without CEL, so Kubernetes 1.22 works too).
 	// +optional
+	// +listType=map
+	// +listMapKey=number
 	// +kubebuilder:validation:MaxItems=100
 	ServicePorts []ServicePort `json:"service_ports,omitempty"`
 
