@@ -6,6 +6,8 @@ package harness
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -185,4 +187,18 @@ func tailFile(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// probeReady asks a readiness endpoint once: true on 200, else what it said.
+func probeReady(hc *http.Client, url string) (bool, string) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return false, err.Error()
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	_ = resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		return true, ""
+	}
+	return false, fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))
 }

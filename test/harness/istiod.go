@@ -232,17 +232,11 @@ func (i *Istiod) waitReady(timeout time.Duration) error {
 			return fmt.Errorf("%w: %v", errIstiodExited, i.waitErr)
 		default:
 		}
-		resp, err := hc.Get("http://" + i.HTTPAddr + "/ready")
-		if err == nil {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))
-		} else {
-			last = err.Error()
+		ok, status := probeReady(hc, "http://"+i.HTTPAddr+"/ready")
+		if ok {
+			return nil
 		}
+		last = status
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("istiod not ready on http://%s/ready after %s (last: %s)", i.HTTPAddr, timeout, last)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -269,17 +268,11 @@ func (p *Prometheus) waitReady(exited chan struct{}) error {
 			return fmt.Errorf("%w: %v", errPrometheusExited, err)
 		default:
 		}
-		resp, err := hc.Get(p.URL + "/-/ready")
-		if err == nil {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))
-		} else {
-			last = err.Error()
+		ok, status := probeReady(hc, p.URL+"/-/ready")
+		if ok {
+			return nil
 		}
+		last = status
 		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("prometheus not ready at %s/-/ready after %s (last: %s)", p.URL, p.opts.ReadyTimeout, last)
