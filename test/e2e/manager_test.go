@@ -138,10 +138,24 @@ func TestManagerBinaryAgainstKubeconfig(t *testing.T) {
 	var vs istionet.VirtualService
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart-adaptive"}, &vs); err != nil {
 		t.Errorf("VirtualService: %v", err)
+	} else {
+		if len(vs.Spec.Hosts) != 1 || vs.Spec.Hosts[0] != "cart.shop.svc.cluster.local" {
+			t.Errorf("VirtualService hosts = %v", vs.Spec.Hosts)
+		}
+		for _, r := range vs.Spec.Http {
+			if d := r.Route[0].Destination; d.Host != "cart.shop.adaptive" || d.Port.GetNumber() != r.Match[0].Port {
+				t.Errorf("route %s goes to %s:%d", r.Name, d.Host, d.Port.GetNumber())
+			}
+		}
+		if len(vs.Spec.Http) != 2 {
+			t.Errorf("VirtualService has %d http routes, want 2 (http and grpc)", len(vs.Spec.Http))
+		}
 	}
 	var dr istionet.DestinationRule
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart-adaptive"}, &dr); err != nil {
 		t.Errorf("DestinationRule: %v", err)
+	} else if dr.Spec.Host != "cart.shop.adaptive" || dr.Spec.TrafficPolicy.GetLoadBalancer().GetSimple().String() != "ROUND_ROBIN" {
+		t.Errorf("DestinationRule host %s policy %v", dr.Spec.Host, dr.Spec.TrafficPolicy)
 	}
 
 	var opt optv1.IstioAdaptiveRequestOptimizer
