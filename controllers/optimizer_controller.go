@@ -135,22 +135,11 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.failed("ReadFailed", err.Error())
 		return ctrl.Result{}, err
 	}
-	// The weights this mirror applied last win over the live ServiceEntry's,
-	// so a weight another client edited is put back; live weights only count
-	// when the book is empty (after a restart).
-	for _, ep := range r.Weights.Endpoints(req.NamespacedName) {
-		if in.Weights == nil {
-			in.Weights = map[string]uint32{}
-		}
-		in.Weights[ep.Pod] = ep.Weight
+	useEngine := r.Loop.enabled() && !settings.DryRun
+	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
+		return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
 	}
 	res := desired.Compute(in)
-	if r.Loop.enabled() && !settings.DryRun && len(res.Endpoints) > 0 {
-		// The engine's weights for pods that stay; initial weights (slow
-		// start, hardware class, median) for new ones.
-		in.Weights = r.Weights.Weights(req.NamespacedName, settings.Params, r.Clock.Now(), res.Endpoints)
-		res = desired.Compute(in)
-	}
 	st.host = res.Host
 	st.endpointsByPod = make(map[string]desired.Endpoint, len(res.Endpoints))
 	for _, ep := range res.Endpoints {
@@ -176,25 +165,23 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "ObjectConflict", "Reconcile", "%s", msg)
 		return ctrl.Result{}, nil
 	}
-	if res.VirtualService != nil && len(live.otherVirtualServices) > 0 && live.vs != nil {
-		// Ours came first; removing it would change live routing. Both now
-		// claim the host and Istio keeps only one of them.
-		msg := fmt.Sprintf("VirtualService %s also routes %s, next to the operator's %s/%s; Istio uses only one of them. "+
-			"Delete one, or set routing_mode: none and point that route's destination host at %s",
-			live.otherVirtualServices[0], res.KubernetesHost, live.vs.Namespace, live.vs.Name, res.Host)
-		st.degraded("VirtualServiceConflict", msg)
-		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", "%s", msg)
-	}
-	if res.VirtualService != nil {
-		if others := live.otherVirtualServices; len(others) > 0 && live.vs == nil {
-			msg := fmt.Sprintf("VirtualService %s already routes %s; the operator writes no VirtualService of its own. "+
+	if others := live.otherVirtualServices; res.VirtualService != nil && len(others) > 0 {
+		var msg string
+		if live.vs != nil {
+			// Ours came first; removing it would change live routing. Both
+			// now claim the host and Istio keeps only one of them.
+			msg = fmt.Sprintf("VirtualService %s also routes %s, next to the operator's %s/%s; Istio uses only one of them. "+
+				"Delete one, or set routing_mode: none and point that route's destination host at %s",
+				others[0], res.KubernetesHost, live.vs.Namespace, live.vs.Name, res.Host)
+		} else {
+			msg = fmt.Sprintf("VirtualService %s already routes %s; the operator writes no VirtualService of its own. "+
 				"Point that route's destination host at %s to use the optimized weights, or set routing_mode: none",
 				others[0], res.KubernetesHost, res.Host)
-			st.degraded("VirtualServiceConflict", msg)
-			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", "%s", msg)
 			res.VirtualService = nil
 			st.owned.VirtualService = ""
 		}
+		st.degraded("VirtualServiceConflict", msg)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", "%s", msg)
 	}
 
 	if err := r.apply(ctx, opt, res, live); err != nil {

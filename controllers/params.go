@@ -3,6 +3,7 @@ package controllers
 import (
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
@@ -51,21 +52,19 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 
 // Validate reports invalid defaults at start-up.
 func (d EngineDefaults) Validate() error {
-	if d.Cycle < time.Second {
-		return fmt.Errorf("--default-cycle must be at least 1s, got %v", d.Cycle)
-	}
-	if err := d.Params.Validate(); err != nil {
-		return fmt.Errorf("weight engine defaults: %w", err)
-	}
-	if err := promsource.Validate(d.CPUQuery); err != nil {
-		return fmt.Errorf("--default-cpu-query: %w", err)
-	}
-	if d.RequestQuery != "-" {
-		if err := promsource.Validate(d.RequestQuery); err != nil {
-			return fmt.Errorf("--default-request-query: %w", err)
-		}
+	if problems := d.settings(false).problems(); len(problems) > 0 {
+		return fmt.Errorf("invalid --default-* flags: %s", strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// settings are the defaults as the settings of one optimizer.
+func (d EngineDefaults) settings(dryRun bool) Settings {
+	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, DryRun: dryRun}
+	if s.RequestQuery == "-" {
+		s.RequestQuery = ""
+	}
+	return s
 }
 
 // Settings is the effective optimization configuration of one optimizer.
@@ -81,7 +80,7 @@ type Settings struct {
 // combination (which CRD validation cannot catch) is reported and the
 // defaults are used instead, so a bad edit never stops optimization.
 func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Settings, error) {
-	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, DryRun: opt.Spec.DryRun}
+	s := d.settings(opt.Spec.DryRun)
 	if o := opt.Spec.Optimization; o != nil {
 		if o.Cycle != nil {
 			s.Cycle = o.Cycle.Duration
@@ -132,38 +131,28 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 	if s.RequestQuery == "-" {
 		s.RequestQuery = ""
 	}
-	var problems []error
-	if s.Cycle < time.Second {
-		problems = append(problems, fmt.Errorf("cycle %v is below 1s", s.Cycle))
-	}
-	if err := s.Params.Validate(); err != nil {
-		problems = append(problems, err)
-	}
-	if err := promsource.Validate(s.CPUQuery); err != nil {
-		problems = append(problems, fmt.Errorf("cpu_query: %w", err))
-	}
-	if s.RequestQuery != "" {
-		if err := promsource.Validate(s.RequestQuery); err != nil {
-			problems = append(problems, fmt.Errorf("request_query: %w", err))
-		}
-	}
-	if len(problems) > 0 {
-		fallback := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, DryRun: opt.Spec.DryRun}
-		if fallback.RequestQuery == "-" {
-			fallback.RequestQuery = ""
-		}
-		return fallback, fmt.Errorf("spec.optimization is invalid, operator defaults are used instead: %v", joinErrs(problems))
+	if problems := s.problems(); len(problems) > 0 {
+		return d.settings(opt.Spec.DryRun), fmt.Errorf("spec.optimization is invalid, operator defaults are used instead: %s", strings.Join(problems, "; "))
 	}
 	return s, nil
 }
 
-func joinErrs(errs []error) string {
-	out := ""
-	for i, e := range errs {
-		if i > 0 {
-			out += "; "
-		}
-		out += e.Error()
+// problems lists what makes the settings unusable.
+func (s Settings) problems() []string {
+	var problems []string
+	if s.Cycle < time.Second {
+		problems = append(problems, fmt.Sprintf("cycle %v is below 1s", s.Cycle))
 	}
-	return out
+	if err := s.Params.Validate(); err != nil {
+		problems = append(problems, err.Error())
+	}
+	if err := promsource.Validate(s.CPUQuery); err != nil {
+		problems = append(problems, "cpu_query: "+err.Error())
+	}
+	if s.RequestQuery != "" {
+		if err := promsource.Validate(s.RequestQuery); err != nil {
+			problems = append(problems, "request_query: "+err.Error())
+		}
+	}
+	return problems
 }

@@ -13,24 +13,23 @@ import (
 // WeightBook is the in-memory record, per optimizer, shared by the mirror
 // (which writes the ServiceEntry) and the weight loop (which computes
 // weights). Each optimizer has its own weight engine here. The engine is
-// seeded from the live ServiceEntry the first time the mirror sees it, so a
-// restart of the manager loses nothing learned that was applied.
+// seeded with the live weights the first time the mirror sees the
+// optimizer, so a restart of the manager loses nothing learned that was
+// applied.
 type WeightBook struct {
 	mu      sync.Mutex
 	entries map[types.NamespacedName]*bookEntry
 }
 
 type bookEntry struct {
-	engine    *weights.Engine
-	seeded    bool
+	engine *weights.Engine
+	seeded bool
+	// endpoints is the set the mirror applied last, with its weights.
 	endpoints []desired.Endpoint
 	// readySince is when the mirror first saw each pod, for slow start.
 	// Pods present at the first sight are taken as long-ready.
 	readySince map[string]time.Time
 	outcome    *Outcome
-	// target is the last weights the engine asked for (not in dry run);
-	// the mirror writes them.
-	target map[string]uint32
 }
 
 // Outcome is the result of the last weight cycle, for status and metrics.
@@ -55,57 +54,68 @@ func (b *WeightBook) entry(key types.NamespacedName, p weights.Params) *bookEntr
 	return e
 }
 
-// SetParams updates the engine parameters of an optimizer.
-func (b *WeightBook) SetParams(key types.NamespacedName, p weights.Params) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.entry(key, p).engine.SetParams(p)
+// seed gives the engine the weights that are live when the book first meets
+// an optimizer; every pod there counts as long-ready.
+func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uint32) {
+	if e.seeded {
+		return
+	}
+	for _, ep := range eps {
+		e.readySince[ep.Pod] = time.Time{}
+	}
+	e.engine.Seed(now, w)
+	e.seeded = true
 }
 
-// Weights returns the weights the mirror should write for eps: the engine's
-// weights for pods that stay, initial weights (slow start, hardware class,
-// median) for new ones. On first sight the engine is seeded with the
-// endpoints' current (live) weights.
-func (b *WeightBook) Weights(key types.NamespacedName, p weights.Params, now time.Time, eps []desired.Endpoint) map[string]uint32 {
+// WeightsFor returns, by pod, the weights the mirror should write for eps.
+// Without the engine (no metrics backend, or dry run) they are the weights
+// the mirror applied last, so an out-of-band edit is put back; nil after a
+// restart, when the live ServiceEntry's weights count. With the engine they
+// are the engine's weights: its latest for pods that stay, initial ones
+// (slow start, hardware class, median) for new pods.
+func (b *WeightBook) WeightsFor(key types.NamespacedName, p weights.Params, now time.Time, eps []desired.Endpoint, live map[string]uint32, useEngine bool) map[string]uint32 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.entry(key, p)
-	if !e.seeded {
-		live := make(map[string]uint32, len(eps))
-		for _, ep := range eps {
-			live[ep.Pod] = ep.Weight
-			e.readySince[ep.Pod] = time.Time{}
+	if !useEngine {
+		e := b.entries[key]
+		if e == nil || len(e.endpoints) == 0 {
+			return nil
 		}
-		e.engine.Seed(now, live)
-		e.seeded = true
+		return byPod(e.endpoints)
 	}
-	w := e.engine.Weights(now, e.pods(now, eps))
-	for pod := range w {
-		if t, ok := e.target[pod]; ok {
-			w[pod] = t
+	e := b.entry(key, p)
+	seed := make(map[string]uint32, len(eps))
+	for _, ep := range eps {
+		if w := live[ep.Address]; w > 0 {
+			seed[ep.Pod] = w
 		}
+	}
+	e.seed(now, eps, seed)
+	return e.engine.Weights(now, e.pods(now, eps))
+}
+
+func byPod(eps []desired.Endpoint) map[string]uint32 {
+	w := make(map[string]uint32, len(eps))
+	for _, ep := range eps {
+		w[ep.Pod] = ep.Weight
 	}
 	return w
 }
 
-// pods turns endpoints into engine pods, remembering when each first appeared.
+// pods turns endpoints into engine pods, remembering when each first
+// appeared; a pod that left and returns starts its slow start again.
 func (e *bookEntry) pods(now time.Time, eps []desired.Endpoint) []weights.Pod {
 	out := make([]weights.Pod, 0, len(eps))
-	seen := make(map[string]bool, len(eps))
+	since := make(map[string]time.Time, len(eps))
 	for _, ep := range eps {
-		since, ok := e.readySince[ep.Pod]
+		t, ok := e.readySince[ep.Pod]
 		if !ok {
-			since = now
-			e.readySince[ep.Pod] = now
+			t = now
 		}
-		seen[ep.Pod] = true
-		out = append(out, weights.Pod{Name: ep.Pod, Locality: ep.Locality, HardwareClass: ep.HardwareClass, Cores: ep.Cores, ReadySince: since})
+		since[ep.Pod] = t
+		out = append(out, weights.Pod{Name: ep.Pod, Locality: ep.Locality, HardwareClass: ep.HardwareClass, Cores: ep.Cores, ReadySince: t})
 	}
-	for pod := range e.readySince {
-		if !seen[pod] {
-			delete(e.readySince, pod)
-		}
-	}
+	e.readySince = since
 	return out
 }
 
@@ -114,20 +124,14 @@ func (b *WeightBook) Applied(key types.NamespacedName, p weights.Params, now tim
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.entry(key, p)
-	w := make(map[string]uint32, len(eps))
-	for _, ep := range eps {
-		w[ep.Pod] = ep.Weight
-	}
-	if !e.seeded {
-		e.engine.Seed(now, w)
-		e.seeded = true
-		for _, ep := range eps {
-			e.readySince[ep.Pod] = time.Time{}
-		}
-	} else {
+	w := byPod(eps)
+	if e.seeded {
 		e.engine.Applied(now, w)
+	} else {
+		e.seed(now, eps, w)
 	}
-	e.endpoints = append(e.endpoints[:0:0], eps...)
+	// A new slice each time, so callers may keep the one they got.
+	e.endpoints = append([]desired.Endpoint(nil), eps...)
 }
 
 // Update runs one engine cycle over the last applied endpoint set and
@@ -143,12 +147,7 @@ func (b *WeightBook) Update(key types.NamespacedName, p weights.Params, obs weig
 	res := e.engine.Update(e.pods(obs.Time, e.endpoints), obs)
 	out := Outcome{Time: obs.Time, Result: res, DryRun: dryRun, QueryErr: obs.Err}
 	e.outcome = &out
-	if dryRun {
-		e.target = nil
-	} else if res.Changed || e.target == nil {
-		e.target = res.Weights
-	}
-	return out, append([]desired.Endpoint(nil), e.endpoints...), true
+	return out, e.endpoints, true
 }
 
 // Outcome returns the last weight cycle's outcome, if any.
@@ -162,12 +161,12 @@ func (b *WeightBook) Outcome(key types.NamespacedName) *Outcome {
 	return nil
 }
 
-// Endpoints returns the last applied endpoint set.
+// Endpoints returns the last applied endpoint set; callers must not change it.
 func (b *WeightBook) Endpoints(key types.NamespacedName) []desired.Endpoint {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if e := b.entries[key]; e != nil {
-		return append([]desired.Endpoint(nil), e.endpoints...)
+		return e.endpoints
 	}
 	return nil
 }

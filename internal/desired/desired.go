@@ -65,6 +65,11 @@ type Input struct {
 	// resets the weights of the pods that stay.
 	Weights     map[string]uint32
 	LiveWeights map[string]uint32
+	// WeightsFor, when set, is asked for the weights by pod of the ready
+	// endpoints (whose Weight is not set yet) and replaces Weights; it lets
+	// the weight engine give new pods their initial weight. It must not
+	// keep or change the slice.
+	WeightsFor func(eps []Endpoint) map[string]uint32
 	// ClusterDomain of the Kubernetes host, default cluster.local.
 	ClusterDomain string
 }
@@ -557,7 +562,11 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 			Message: fmt.Sprintf("%d ready endpoints exceed Istio's limit of %d per ServiceEntry; only the first %d pods by name are routed through the optimized host", len(eps), MaxEndpoints, MaxEndpoints)})
 		eps = eps[:MaxEndpoints]
 	}
-	assignWeights(eps, in.Weights, in.LiveWeights)
+	byPod := in.Weights
+	if in.WeightsFor != nil {
+		byPod = in.WeightsFor(eps)
+	}
+	assignWeights(eps, byPod, in.LiveWeights)
 	capLocalitySums(eps)
 	return eps, problems
 }

@@ -181,7 +181,8 @@ func (e *Engine) mergeBucket() time.Duration {
 
 // Weights returns weights for a (possibly changed) set of pods without a
 // new observation, for the endpoint mirror: pods that stay keep their
-// weight, new pods get their initial weight (the estimate for their
+// weight (the last computed one while it is not applied yet: what the
+// caller should write), new pods get their initial weight (the estimate for their
 // hardware class when pooling, else the median capacity, scaled by slow
 // start). In fallback every pod gets the same weight.
 func (e *Engine) Weights(now time.Time, pods []Pod) map[string]uint32 {
@@ -191,6 +192,15 @@ func (e *Engine) Weights(now time.Time, pods []Pod) map[string]uint32 {
 		return w
 	}
 	w, _, _, _ := e.settle(now, set, e.holdProposal(now, set, false), false, moveRules{})
+	if e.unapplied {
+		// The last cycle's weights are not live yet: they are what the
+		// caller should write for the pods that stay.
+		for name := range w {
+			if t, ok := e.last[name]; ok {
+				w[name] = t
+			}
+		}
+	}
 	return w
 }
 
