@@ -14,13 +14,10 @@ import (
 
 	"github.com/go-logr/zapr"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -135,25 +132,6 @@ func run() error {
 		metricsOpts.TLSOpts = []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }}
 	}
 
-	cacheOpts := cache.Options{
-		ByObject: map[client.Object]cache.ByObject{
-			// Only a few fields of Pods and Nodes are read; dropping the rest
-			// keeps the cache small in large clusters.
-			&corev1.Pod{}:  {Transform: controllers.TrimPod},
-			&corev1.Node{}: {Transform: controllers.TrimNode},
-		},
-	}
-	if o.watchNamespaces != "" {
-		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
-		for _, ns := range strings.Split(o.watchNamespaces, ",") {
-			if ns = strings.TrimSpace(ns); ns != "" {
-				cacheOpts.DefaultNamespaces[ns] = cache.Config{}
-			}
-		}
-		// Nodes are cluster-scoped: the cache reads them cluster-wide whatever
-		// DefaultNamespaces says (a Namespaces setting for them is an error).
-	}
-
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metricsOpts,
@@ -162,7 +140,7 @@ func run() error {
 		LeaderElectionID:              "istio-adaptive-optimizer.optimization.liorfranko.github.io",
 		LeaderElectionNamespace:       o.leaderElectionNS,
 		LeaderElectionReleaseOnCancel: true,
-		Cache:                         cacheOpts,
+		Cache:                         controllers.CacheOptions(strings.Split(o.watchNamespaces, ",")),
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)

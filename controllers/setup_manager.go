@@ -4,11 +4,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
@@ -83,6 +86,29 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 		return fmt.Errorf("set up mirror controller: %w", err)
 	}
 	return nil
+}
+
+// CacheOptions are the manager's cache settings: Pods and Nodes trimmed to
+// the fields the mirror reads, and, when namespaces are given, a watch
+// restricted to them (Nodes are cluster-scoped and stay cluster-wide). Every
+// manager of this operator, in tests too, uses them, so a field the trim
+// drops cannot go unnoticed.
+func CacheOptions(namespaces []string) cache.Options {
+	o := cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:  {Transform: TrimPod},
+			&corev1.Node{}: {Transform: TrimNode},
+		},
+	}
+	for _, ns := range namespaces {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			if o.DefaultNamespaces == nil {
+				o.DefaultNamespaces = map[string]cache.Config{}
+			}
+			o.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
+	return o
 }
 
 // TrimPod keeps only the Pod fields the mirror reads, so the cache of every

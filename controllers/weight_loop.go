@@ -201,6 +201,16 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 			}
 		}
 	}
+	// Series that were dropped (duplicates, NaN, no pod label, warnings)
+	// do not fail the cycle, but the user must hear why a pod has no data.
+	for _, r := range []struct {
+		signal string
+		res    promsource.Result
+	}{{"cpu", cpu}, {"requests", requests}} {
+		if issues := r.res.Err(); issues != nil {
+			logger.Info("Query answer had problems; the affected series were ignored", "signal", r.signal, "query", r.res.Query, "problems", issues.Error())
+		}
+	}
 	if ctx.Err() != nil {
 		return
 	}

@@ -247,18 +247,15 @@ func perPod(vec model.Vector, pods []string) (map[string]float64, []error) {
 }
 
 func (s *Source) render(tmpl string, t Target) (string, error) {
-	var parsed *template.Template
-	if v, ok := s.templates.Load(tmpl); ok {
-		parsed = v.(*template.Template)
-	} else {
+	v, ok := s.templates.Load(tmpl)
+	if !ok {
 		p, err := parseTemplate(tmpl)
 		if err != nil {
 			return "", err
 		}
-		s.templates.Store(tmpl, p)
-		parsed = p
+		v, _ = s.templates.LoadOrStore(tmpl, p)
 	}
-	return execute(parsed, tmpl, t)
+	return execute(v.(*template.Template), tmpl, t)
 }
 
 // classify turns a client_golang error into one of the package's typed errors.
@@ -287,11 +284,9 @@ func (s *Source) classify(ctx context.Context, err error, exch *exchange) error 
 			return &ServerError{StatusCode: status, Type: typ, Message: msg}
 		}
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return &UnreachableError{URL: s.url, Timeout: true, Err: err}
-	}
 	var netErr net.Error
-	if errors.As(err, &netErr) && netErr.Timeout() {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) ||
+		(errors.As(err, &netErr) && netErr.Timeout()) {
 		return &UnreachableError{URL: s.url, Timeout: true, Err: err}
 	}
 	if status != 0 && ctx.Err() == nil {

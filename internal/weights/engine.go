@@ -3,6 +3,7 @@ package weights
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -161,17 +162,7 @@ func (e *Engine) Applied(now time.Time, w map[string]uint32) {
 }
 
 // sameWeights reports whether a and b hold the same weights for the same pods.
-func sameWeights(a, b map[string]uint32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for name, v := range a {
-		if w, ok := b[name]; !ok || w != v {
-			return false
-		}
-	}
-	return true
-}
+func sameWeights(a, b map[string]uint32) bool { return maps.Equal(a, b) }
 
 // mergeBucket is the finest time resolution the timeline keeps: fine enough
 // to place the writes of a cycle, coarse enough to stay small.

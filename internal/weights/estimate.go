@@ -1,6 +1,7 @@
 package weights
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -385,14 +386,11 @@ func (e *Engine) rememberClasses(set []Pod) {
 		sums[pod.HardwareClass] += math.Log(st.capacity)
 		counts[pod.HardwareClass]++
 	}
-	for _, pod := range set {
-		class := pod.HardwareClass
-		n := counts[class]
-		if n == 0 {
-			continue
-		}
+	// Once per class, in a fixed order, so which classes are admitted when
+	// maxClasses is reached does not depend on map iteration.
+	for _, class := range slices.Sorted(maps.Keys(counts)) {
 		if _, known := e.classes[class]; known || len(e.classes) < maxClasses {
-			e.classes[class] = math.Exp(sums[class] / float64(n))
+			e.classes[class] = math.Exp(sums[class] / float64(counts[class]))
 		}
 	}
 }

@@ -1,8 +1,9 @@
 package weights
 
 import (
+	"maps"
 	"math"
-	"sort"
+	"slices"
 	"time"
 )
 
@@ -228,11 +229,4 @@ func equalOver(set []Pod) map[string]uint32 {
 
 // sortedNames returns the keys of w in order, so that every loop over a map
 // that feeds a result runs in one order.
-func sortedNames(w map[string]uint32) []string {
-	names := make([]string, 0, len(w))
-	for name := range w {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names
-}
+func sortedNames(w map[string]uint32) []string { return slices.Sorted(maps.Keys(w)) }

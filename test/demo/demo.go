@@ -15,13 +15,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -356,13 +354,11 @@ func (d *demo) start(ctx context.Context) error {
 	if err := d.prom.WaitForTargets(wctx, targets); err != nil {
 		return fmt.Errorf("Prometheus does not scrape the pods: %w", err)
 	}
-	d.logf("Everything is up after %s (Prometheus %s%s).", time.Since(began).Round(100*time.Millisecond), d.prom.URL,
-		map[bool]string{true: ", istiod xDS " + func() string {
-			if d.istiod != nil {
-				return d.istiod.GRPCAddr
-			}
-			return ""
-		}(), false: ""}[d.istiod != nil])
+	xds := ""
+	if d.istiod != nil {
+		xds = ", istiod xDS " + d.istiod.GRPCAddr
+	}
+	d.logf("Everything is up after %s (Prometheus %s%s).", time.Since(began).Round(100*time.Millisecond), d.prom.URL, xds)
 	d.logf("")
 	return nil
 }
@@ -421,10 +417,7 @@ func (d *demo) startOperator(ctx context.Context) error {
 	mgr, err := ctrl.NewManager(d.api.Config, ctrl.Options{
 		Scheme:  harness.Scheme(),
 		Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:  {Transform: controllers.TrimPod},
-			&corev1.Node{}: {Transform: controllers.TrimNode},
-		}},
+		Cache:   controllers.CacheOptions(nil),
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
