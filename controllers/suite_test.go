@@ -88,15 +88,7 @@ func nsObj(name string) *corev1.Namespace { return fixtures.Namespace(name) }
 // eventually polls cond until it returns nil or the timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+	harness.Eventually(t, timeout, what, cond)
 }
 
 // consistently checks cond holds for the whole duration.

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -235,7 +236,7 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 	for _, r := range rs {
 		if len(r.Modes) > 0 {
 			var parts []string
-			for _, k := range slices.Sorted(mapsKeys(r.Modes)) {
+			for _, k := range slices.Sorted(maps.Keys(r.Modes)) {
 				parts = append(parts, fmt.Sprintf("%s %d", k, r.Modes[k]))
 			}
 			fmt.Fprintf(w, "- %s engine modes per cycle: %s\n", r.Name, strings.Join(parts, ", "))
@@ -257,15 +258,5 @@ func ms(v float64) string {
 		return fmt.Sprintf("%.1f", v)
 	default:
 		return fmt.Sprintf("%.2f", v)
-	}
-}
-
-func mapsKeys(m map[string]int) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
 	}
 }

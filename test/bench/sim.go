@@ -596,7 +596,6 @@ func (s *sim) rebuild(ci int32) {
 	if c.equal || (s.def.lb != lbWRR && s.def.lb != lbWLR) {
 		return
 	}
-	c.edf.Reset()
 	row := s.active[int(ci)*s.P : int(ci+1)*s.P]
 	weight := func(h int32) float64 {
 		if s.def.lb == lbWLR {
@@ -604,13 +603,7 @@ func (s *sim) rebuild(ci int32) {
 		}
 		return c.w[h]
 	}
-	for _, h := range s.hosts {
-		c.edf.Add(h, weight(h))
-	}
-	for n := c.seed % uint64(len(s.hosts)); n > 0; n-- {
-		h := c.edf.Top()
-		c.edf.Readd(weight(h))
-	}
+	c.edf.Rebuild(s.hosts, weight, int(c.seed%uint64(len(s.hosts))))
 }
 
 // publish sends centrally computed weights (by pod index) to every client.

@@ -159,18 +159,6 @@ func TestAllStrategiesSeeIdenticalArrivals(t *testing.T) {
 	}
 }
 
-func servedShares(s *sim) []float64 {
-	total := 0.0
-	for _, p := range s.pods {
-		total += p.reqs
-	}
-	out := make([]float64, len(s.pods))
-	for i, p := range s.pods {
-		out[i] = p.reqs / total
-	}
-	return out
-}
-
 func TestRoundRobinSendsEqualCounts(t *testing.T) {
 	sc := mustParse(t, `
 pods: [{name: a, cores: 1, speed: 1}, {name: b, cores: 1, speed: 0.5}, {name: c, cores: 4, speed: 2}]

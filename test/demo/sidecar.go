@@ -185,13 +185,11 @@ func (s *sidecar) refresh(ctx context.Context) {
 	// then a random number of picks thrown away so that sidecars do not
 	// move in lock step. (With equal weights Envoy's unweighted round robin
 	// starts at a random index: the same sequence.)
-	s.sched.Reset()
-	for h, w := range weights {
-		s.sched.Add(int32(h), w)
+	order := make([]int32, len(weights))
+	for h := range order {
+		order[h] = int32(h)
 	}
-	for n := s.offsets.IntN(len(hosts)); n > 0; n-- {
-		s.sched.Pick(s.weights)
-	}
+	s.sched.Rebuild(order, func(h int32) float64 { return weights[h] }, s.offsets.IntN(len(hosts)))
 	s.synced = true
 }
 

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,12 +26,11 @@ import (
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := harness.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 func TestManagerBinaryAgainstKubeconfig(t *testing.T) {
@@ -110,18 +108,30 @@ func TestManagerBinaryAgainstKubeconfig(t *testing.T) {
 		}
 	}
 
+	// One 30s budget for the ServiceEntry and the Ready status together.
 	deadline := time.Now().Add(30 * time.Second)
 	var se istionet.ServiceEntry
-	for {
-		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart-adaptive"}, &se)
-		if err == nil && len(se.Spec.Endpoints) == 2 {
-			break
+	harness.Eventually(t, time.Until(deadline), "ServiceEntry with 2 endpoints", func() error {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart-adaptive"}, &se); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no ServiceEntry with 2 endpoints after 30s (err %v)", err)
+		if len(se.Spec.Endpoints) != 2 {
+			return fmt.Errorf("%d endpoints", len(se.Spec.Endpoints))
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
+	// Ready is written after all the routing objects are applied: once it
+	// is True, the VirtualService and DestinationRule exist too.
+	harness.Eventually(t, time.Until(deadline), "optimizer Ready", func() error {
+		var opt optv1.IstioAdaptiveRequestOptimizer
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart"}, &opt); err != nil {
+			t.Fatal(err) // the optimizer was created above: no retry
+		}
+		if c := meta.FindStatusCondition(opt.Status.Conditions, "Ready"); c == nil || c.Status != "True" {
+			return fmt.Errorf("status %+v", opt.Status)
+		}
+		return nil
+	})
 	if se.Spec.Hosts[0] != "cart.shop.adaptive" {
 		t.Errorf("host = %v", se.Spec.Hosts)
 	}
@@ -156,20 +166,6 @@ func TestManagerBinaryAgainstKubeconfig(t *testing.T) {
 		t.Errorf("DestinationRule: %v", err)
 	} else if dr.Spec.Host != "cart.shop.adaptive" || dr.Spec.TrafficPolicy.GetLoadBalancer().GetSimple().String() != "ROUND_ROBIN" {
 		t.Errorf("DestinationRule host %s policy %v", dr.Spec.Host, dr.Spec.TrafficPolicy)
-	}
-
-	var opt optv1.IstioAdaptiveRequestOptimizer
-	for {
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cart"}, &opt); err != nil {
-			t.Fatal(err)
-		}
-		if c := meta.FindStatusCondition(opt.Status.Conditions, "Ready"); c != nil && c.Status == "True" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("optimizer not Ready: %+v", opt.Status)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 
 	body := get(t, "http://"+probeAddr+"/readyz")

@@ -86,3 +86,18 @@ func (e *Scheduler) Pick(w []float64) int32 {
 	e.Readd(w[host])
 	return host
 }
+
+// Rebuild is Envoy's EDF rebuild after a host-set or weight change: the
+// scheduler is reset, hosts are added in order at 1/weight, then skip picks
+// are thrown away (each re-added with its weight read at re-add time) so
+// that schedulers built from the same hosts do not move in lock step.
+func (e *Scheduler) Rebuild(hosts []int32, weight func(int32) float64, skip int) {
+	e.Reset()
+	for _, h := range hosts {
+		e.Add(h, weight(h))
+	}
+	for ; skip > 0; skip-- {
+		h := e.Top()
+		e.Readd(weight(h))
+	}
+}

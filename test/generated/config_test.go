@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -86,15 +85,7 @@ func TestInstallManifests(t *testing.T) {
 // manager defines, so a renamed flag cannot ship a crash-looping install.
 func checkManagerFlags(t *testing.T, root string, args []string) {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(root, "cmd", "main.go")); err != nil {
-		t.Skip("cmd/main.go does not exist yet; the manager's flags cannot be checked")
-	}
-	bin := filepath.Join(t.TempDir(), "manager")
-	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./cmd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd: %v\n%s", err, out)
-	}
+	bin := buildManager(t, root)
 	// -h prints the usage and exits without connecting anywhere.
 	help, _ := exec.CommandContext(t.Context(), bin, "-h").CombinedOutput()
 	for _, a := range args {

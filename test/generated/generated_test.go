@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-logr/logr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
 
 func TestMain(m *testing.M) {
@@ -194,24 +196,14 @@ func runMake(t *testing.T, root string, target string, vars ...string) string {
 	return string(out)
 }
 
-// repoRoot is the directory holding go.mod (go test runs in the package's
-// directory).
+// repoRoot is the directory holding go.mod.
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the working directory")
-		}
-		dir = parent
-	}
+	return root
 }
 
 func relToRoot(t *testing.T, path string) string {

@@ -1,13 +1,11 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -194,7 +192,7 @@ func startIstiodOnce(bin string, api *APIServer, opts IstiodOptions) (*Istiod, e
 	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	cmd.SysProcAttr = istiodSysProcAttr()
+	cmd.SysProcAttr = childProcAttr()
 	cmd.Env = append(os.Environ(),
 		"POD_NAMESPACE="+IstioNamespace,
 		"POD_NAME=istiod-harness",
@@ -281,13 +279,6 @@ func (i *Istiod) LogTail(n int) string {
 	return tailFile(i.LogPath, n)
 }
 
-// LogContains reports whether istiod's log contains s (for assertions on
-// warnings such as rejected configuration).
-func (i *Istiod) LogContains(s string) bool {
-	data, err := os.ReadFile(i.LogPath)
-	return err == nil && bytes.Contains(data, []byte(s))
-}
-
 // ShardzEndpoint is one endpoint as istiod holds it in its endpoint index
 // (model.IstioEndpoint, JSON as served by /debug/endpointShardz).
 type ShardzEndpoint struct {
@@ -351,12 +342,6 @@ func (i *Istiod) EndpointShardz(ctx context.Context) (EndpointShardz, error) {
 	return out, nil
 }
 
-// DebugJSON fetches any /debug/<path> handler of the monitoring address
-// (e.g. "configz", "registryz", "syncz") and decodes its JSON into out.
-func (i *Istiod) DebugJSON(ctx context.Context, path string, out any) error {
-	return i.debugJSON(ctx, "/debug/"+strings.TrimPrefix(path, "/"), out)
-}
-
 func (i *Istiod) debugJSON(ctx context.Context, path string, out any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+i.MonitoringAddr+path, nil)
 	if err != nil {
@@ -392,24 +377,4 @@ func ensureNamespace(api *APIServer, name string) error {
 		return fmt.Errorf("create namespace %s: %w", name, err)
 	}
 	return nil
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	out := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }

@@ -231,7 +231,7 @@ func (p *Prometheus) start() error {
 	cmd.Dir = p.Dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	cmd.SysProcAttr = prometheusSysProcAttr()
+	cmd.SysProcAttr = childProcAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.bin, err)
 	}

@@ -55,22 +55,6 @@ func (l Locality) String() string {
 	return l.Region + "/" + l.Zone + "/" + l.SubZone
 }
 
-// ParseLocality parses "region/zone/subzone" (missing parts stay empty).
-func ParseLocality(s string) Locality {
-	parts := strings.SplitN(s, "/", 3)
-	var l Locality
-	if len(parts) > 0 {
-		l.Region = parts[0]
-	}
-	if len(parts) > 1 {
-		l.Zone = parts[1]
-	}
-	if len(parts) > 2 {
-		l.SubZone = parts[2]
-	}
-	return l
-}
-
 // SidecarOptions describe the sidecar proxy an XDSClient poses as.
 type SidecarOptions struct {
 	// IP of the pod; should not belong to any Service's endpoints unless the
@@ -99,7 +83,6 @@ type SidecarOptions struct {
 // each response, and keeps the latest state. All query methods read that
 // state; use WaitFor to poll until a condition holds.
 type XDSClient struct {
-	opts   SidecarOptions
 	nodeID string
 	conn   *grpc.ClientConn
 	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
@@ -206,7 +189,6 @@ func DialXDS(ctx context.Context, addr string, opts SidecarOptions) (*XDSClient,
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	c := &XDSClient{
-		opts:      opts,
 		nodeID:    opts.NodeID(),
 		conn:      conn,
 		cancel:    cancel,
@@ -259,9 +241,6 @@ func DialXDS(ctx context.Context, addr string, opts SidecarOptions) (*XDSClient,
 // NodeID is the xDS node id the client sent.
 func (c *XDSClient) NodeID() string { return c.nodeID }
 
-// Options returns the (defaulted) options the client was created with.
-func (c *XDSClient) Options() SidecarOptions { return c.opts }
-
 // Close ends the stream and the connection.
 func (c *XDSClient) Close() {
 	c.cancel()
@@ -274,13 +253,6 @@ func (c *XDSClient) Err() error {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.err
-}
-
-// Updates counts the responses received so far.
-func (c *XDSClient) Updates() uint64 {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.updates
 }
 
 func (c *XDSClient) send(typeURL string, names []string, version, nonce string) error {
@@ -574,25 +546,11 @@ func (c *XDSClient) WaitFor(timeout time.Duration, cond func(c *XDSClient) error
 	}
 }
 
-// ClusterNames lists the clusters the sidecar has, sorted.
-func (c *XDSClient) ClusterNames() []string {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return sortedKeys(c.clusters)
-}
-
 // ListenerNames lists the listeners the sidecar has, sorted.
 func (c *XDSClient) ListenerNames() []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return sortedKeys(c.listeners)
-}
-
-// RouteNames lists the route configurations the sidecar has, sorted.
-func (c *XDSClient) RouteNames() []string {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return sortedKeys(c.routes)
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -604,33 +562,12 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// RawCluster, RawEndpoints, RawListener and RawRoute return copies of the
-// raw resources (nil when absent), for assertions the helpers do not cover.
-func (c *XDSClient) RawCluster(name string) *clusterv3.Cluster {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return cloneOrNil(c.clusters[name])
-}
-
-// RawEndpoints returns a copy of a cluster's ClusterLoadAssignment.
+// RawEndpoints returns a copy of a cluster's ClusterLoadAssignment (nil when
+// absent), for assertions the helpers do not cover.
 func (c *XDSClient) RawEndpoints(cluster string) *endpointv3.ClusterLoadAssignment {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return cloneOrNil(c.endpoints[cluster])
-}
-
-// RawListener returns a copy of a listener.
-func (c *XDSClient) RawListener(name string) *listenerv3.Listener {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return cloneOrNil(c.listeners[name])
-}
-
-// RawRoute returns a copy of a route configuration.
-func (c *XDSClient) RawRoute(name string) *routev3.RouteConfiguration {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return cloneOrNil(c.routes[name])
 }
 
 func cloneOrNil[T proto.Message](m T) T {

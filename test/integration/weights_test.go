@@ -156,7 +156,7 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	}
 	// Dry run: status and metrics carry capacity-proportional weights while
 	// the ServiceEntry keeps equal ones.
-	eventually(t, 60*time.Second, "dry-run weights in status", func() error {
+	harness.Eventually(t, 60*time.Second, "dry-run weights in status", func() error {
 		o := getOpt(t, c, ns)
 		w := map[string]float64{}
 		for _, e := range o.Status.Weights {
@@ -194,9 +194,9 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 		return sharesWithin(w, wantShare, 0.05)
 	}
 	start := time.Now()
-	eventually(t, 60*time.Second, "weights proportional to capacity", converged)
+	harness.Eventually(t, 60*time.Second, "weights proportional to capacity", converged)
 	t.Logf("weights converged in %s: %v", time.Since(start).Round(time.Second), readWeights())
-	eventually(t, 10*time.Second, "status reports the optimization", func() error {
+	harness.Eventually(t, 10*time.Second, "status reports the optimization", func() error {
 		o := getOpt(t, c, ns)
 		if o.Status.LastOptimizationTime == nil || o.Status.WeightSpread == "" {
 			return fmt.Errorf("status %+v", o.Status)
@@ -210,7 +210,9 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	// Steady state: the weights hold still, so the ServiceEntry is not
 	// rewritten (every write is a mesh-wide xDS push): at most one write in
 	// ten cycles.
-	seWrites := func() float64 { return testutil.ToFloat64(testMetrics.Writes.WithLabelValues(ns, "api", "ServiceEntry")) }
+	seWrites := func() float64 {
+		return testutil.ToFloat64(testMetrics.Writes.WithLabelValues(ns, "api", "ServiceEntry"))
+	}
 	before := seWrites()
 	time.Sleep(10 * cycle)
 	if w := seWrites() - before; w > 1 {
@@ -223,14 +225,14 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	eventually(t, 5*cycle, "Degraded MetricsUnavailable", func() error {
+	harness.Eventually(t, 5*cycle, "Degraded MetricsUnavailable", func() error {
 		return wantCondition(getOpt(t, c, ns), "Degraded", "True", "MetricsUnavailable")
 	})
 	if w := readWeights(); sharesWithin(w, normalize(held), 0.001) != nil {
 		t.Errorf("weights changed while holding: %v -> %v", held, w)
 	}
 	// After the expiry, weights fall back to equal, with a condition.
-	eventually(t, defaults.Params.Expiry+5*cycle, "Degraded WeightsFallback", func() error {
+	harness.Eventually(t, defaults.Params.Expiry+5*cycle, "Degraded WeightsFallback", func() error {
 		return wantCondition(getOpt(t, c, ns), "Degraded", "True", "WeightsFallback")
 	})
 	// The expiry runs from the last good observation, at most one cycle
@@ -238,7 +240,7 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	if time.Since(killed) < defaults.Params.Expiry-cycle {
 		t.Errorf("fell back %s after the kill, before the expiry of %s", time.Since(killed), defaults.Params.Expiry)
 	}
-	eventually(t, 3*cycle, "equal weights in fallback", func() error {
+	harness.Eventually(t, 3*cycle, "equal weights in fallback", func() error {
 		return sharesWithin(readWeights(), map[string]float64{"api-fast-0": .25, "api-fast-1": .25, "api-slow-0": .25, "api-slow-1": .25}, 0.001)
 	})
 
@@ -246,8 +248,8 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	if err := prom.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "weights proportional to capacity after recovery", converged)
-	eventually(t, 10*time.Second, "Degraded cleared", func() error {
+	harness.Eventually(t, 60*time.Second, "weights proportional to capacity after recovery", converged)
+	harness.Eventually(t, 10*time.Second, "Degraded cleared", func() error {
 		return wantCondition(getOpt(t, c, ns), "Degraded", "False", "")
 	})
 }
@@ -295,19 +297,6 @@ func sharesWithin(w, want map[string]float64, rel float64) error {
 		return fmt.Errorf("shares off: %s", strings.Join(bad, ", "))
 	}
 	return nil
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
 }
 
 func logLevel() zapcore.Level {
