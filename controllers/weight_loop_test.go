@@ -66,7 +66,19 @@ func TestWeightLoopSlowBackendDoesNotStallOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The slow optimizer first, until its query hangs, so that afterwards
+	// the only timer on the fake clock is the fast optimizer's.
 	loop.Ensure(optimizerFor("ns", "slow"), settings)
+	waitFor(t, func() bool { return clk.HasWaiters() })
+	clk.Step(defaults.Cycle * 12 / 10)
+	select {
+	case got := <-src.queried:
+		if got != "slow" {
+			t.Fatalf("queried %s, want slow", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the slow optimizer never queried")
+	}
 	loop.Ensure(optimizerFor("ns", "fast"), settings)
 
 	fastCycles := 0

@@ -96,7 +96,7 @@ func run(m *testing.M) (int, error) {
 	// The operator: the real manager, in-process, with a weight engine
 	// that cycles every second and takes a new estimate at once (no
 	// smoothing), fed by the fake metrics backend.
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{Scheme: harness.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{Scheme: harness.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}, Cache: controllers.CacheOptions(nil)})
 	if err != nil {
 		return 1, err
 	}

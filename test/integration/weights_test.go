@@ -78,7 +78,7 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{Scheme: harness.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}})
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{Scheme: harness.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}, Cache: controllers.CacheOptions(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
