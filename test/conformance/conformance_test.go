@@ -240,6 +240,21 @@ func target(x *harness.XDSClient, p portSpec) (string, error) {
 }
 
 // patchOptimizer changes the user's optimizer.
+// routesTo is a condition for waitFor: the sidecar's route (or TCP chain)
+// for the Kubernetes host's port p goes to cluster want.
+func routesTo(p portSpec, want string) func(*harness.XDSClient) error {
+	return func(x *harness.XDSClient) error {
+		got, err := target(x, p)
+		if err != nil {
+			return err
+		}
+		if got != want {
+			return fmt.Errorf("%s:%d goes to %s, want %s", kubeHost, p.Port, got, want)
+		}
+		return nil
+	}
+}
+
 func patchOptimizer(t *testing.T, mut func(*optv1.IstioAdaptiveRequestOptimizer)) {
 	t.Helper()
 	ctx := testCtx(t)
@@ -461,16 +476,7 @@ func TestRoutesGoToOptimizedHost(t *testing.T) {
 		t.Run(p.Name, func(t *testing.T) {
 			want := clusterName(p.Port, optimizedHost)
 			for _, x := range []*harness.XDSClient{suite.zoneA, suite.zoneB} {
-				waitFor(t, x, propagation, "route for "+p.Name, func(x *harness.XDSClient) error {
-					got, err := target(x, p)
-					if err != nil {
-						return err
-					}
-					if got != want {
-						return fmt.Errorf("%s:%d goes to %s, want %s", kubeHost, p.Port, got, want)
-					}
-					return nil
-				})
+				waitFor(t, x, propagation, "route for "+p.Name, routesTo(p, want))
 			}
 			if p.Protocol == optv1.ProtocolTCP {
 				tr, _ := suite.zoneB.TCPRoute(int(p.Port), suite.clusterIP)
@@ -771,13 +777,7 @@ func TestRoutingModeNone(t *testing.T) {
 		start := time.Now()
 		patchOptimizer(t, func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.RoutingMode = "" })
 		for _, p := range f.Ports {
-			waitFor(t, suite.zoneB, propagation, "route restored for "+p.Name, func(x *harness.XDSClient) error {
-				got, err := target(x, p)
-				if err == nil && got != clusterName(p.Port, optimizedHost) {
-					err = fmt.Errorf("goes to %s", got)
-				}
-				return err
-			})
+			waitFor(t, suite.zoneB, propagation, "route restored for "+p.Name, routesTo(p, clusterName(p.Port, optimizedHost)))
 		}
 		t.Logf("routing_mode back to default: every port to the optimized host after %s", time.Since(start).Round(time.Millisecond))
 	}()
@@ -797,16 +797,7 @@ func TestRoutingModeNone(t *testing.T) {
 	for _, p := range f.Ports {
 		t.Run(p.Name, func(t *testing.T) {
 			want := clusterName(p.Port, kubeHost)
-			waitFor(t, suite.zoneB, propagation, "route without VirtualService for "+p.Name, func(x *harness.XDSClient) error {
-				got, err := target(x, p)
-				if err != nil {
-					return err
-				}
-				if got != want {
-					return fmt.Errorf("%s:%d goes to %s, want %s", kubeHost, p.Port, got, want)
-				}
-				return nil
-			})
+			waitFor(t, suite.zoneB, propagation, "route without VirtualService for "+p.Name, routesTo(p, want))
 			eps, _ := suite.zoneB.Endpoints(want)
 			var seen []string
 			keys := map[string]bool{}
@@ -919,13 +910,7 @@ func TestPortsNotOptimizedKeepTheirRoutes(t *testing.T) {
 	defer func() {
 		patchOptimizer(t, func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.ServicePorts = optimizerObj(f).Spec.ServicePorts })
 		for _, p := range f.Ports {
-			waitFor(t, suite.zoneB, propagation, "route restored for "+p.Name, func(x *harness.XDSClient) error {
-				got, err := target(x, p)
-				if err == nil && got != clusterName(p.Port, optimizedHost) {
-					err = fmt.Errorf("goes to %s", got)
-				}
-				return err
-			})
+			waitFor(t, suite.zoneB, propagation, "route restored for "+p.Name, routesTo(p, clusterName(p.Port, optimizedHost)))
 		}
 	}()
 	for _, p := range f.Ports {
@@ -933,16 +918,7 @@ func TestPortsNotOptimizedKeepTheirRoutes(t *testing.T) {
 		if p.Port == optimized.Port {
 			want = clusterName(p.Port, optimizedHost)
 		}
-		waitFor(t, suite.zoneB, propagation, "route of "+p.Name, func(x *harness.XDSClient) error {
-			got, err := target(x, p)
-			if err != nil {
-				return err
-			}
-			if got != want {
-				return fmt.Errorf("%s:%d goes to %s, want %s", kubeHost, p.Port, got, want)
-			}
-			return nil
-		})
+		waitFor(t, suite.zoneB, propagation, "route of "+p.Name, routesTo(p, want))
 		t.Logf("%s %s:%d -> %s after %s", p.Name, kubeHost, p.Port, want, time.Since(start).Round(time.Millisecond))
 	}
 }
