@@ -1,0 +1,241 @@
+package desired
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+func sortedSlices(slices []discoveryv1.EndpointSlice) []discoveryv1.EndpointSlice {
+	out := append([]discoveryv1.EndpointSlice(nil), slices...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// sortedEndpoints orders a slice's endpoints canonically, so which copy of
+// a repeated address is kept never depends on the order the API listed them.
+func sortedEndpoints(eps []discoveryv1.Endpoint) []discoveryv1.Endpoint {
+	key := func(e discoveryv1.Endpoint) string {
+		var b strings.Builder
+		b.WriteString(strings.Join(e.Addresses, ","))
+		if e.TargetRef != nil {
+			b.WriteString("\x00" + e.TargetRef.Kind + "\x00" + e.TargetRef.Name)
+		}
+		b.WriteString("\x00" + ptrString(e.NodeName) + "\x00" + ptrString(e.Zone))
+		return b.String()
+	}
+	out := append([]discoveryv1.Endpoint(nil), eps...)
+	sort.SliceStable(out, func(i, j int) bool { return key(out[i]) < key(out[j]) })
+	return out
+}
+
+func ptrString(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// endpoints lists the ready pods of the slices, one per address.
+func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
+	var problems []Problem
+	byAddr := map[string]Endpoint{}
+	for _, s := range sortedSlices(in.Slices) {
+		if s.AddressType == discoveryv1.AddressTypeFQDN {
+			continue
+		}
+		slicePorts := map[string]int32{}
+		for _, p := range s.Ports {
+			if p.Port != nil {
+				slicePorts[ptrString(p.Name)] = *p.Port
+			}
+		}
+		for _, e := range sortedEndpoints(s.Endpoints) {
+			if !isReady(e) || len(e.Addresses) == 0 {
+				continue
+			}
+			addr := e.Addresses[0]
+			if _, dup := byAddr[addr]; dup {
+				continue
+			}
+			ep := Endpoint{Address: addr, Node: ptrString(e.NodeName)}
+			if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
+				ep.Pod = e.TargetRef.Name
+			} else {
+				ep.Pod = addr
+			}
+			if pod := in.Pods[ep.Pod]; pod != nil {
+				ep.ServiceAccount = pod.Spec.ServiceAccountName
+				ep.Sidecar = HasSidecar(pod)
+				ep.Cores = CPULimit(pod)
+				if ep.Node == "" {
+					ep.Node = pod.Spec.NodeName
+				}
+			}
+			node := in.Nodes[ep.Node]
+			ep.Locality = locality(node, e.Zone)
+			if node != nil {
+				ep.HardwareClass = node.Labels[corev1.LabelInstanceTypeStable]
+			}
+			for _, p := range ports {
+				if n, ok := slicePorts[p.serviceName]; ok && uint32(n) != p.TargetPort && !explicitTarget(in.Optimizer, p.Number) {
+					if ep.Ports == nil {
+						ep.Ports = map[string]uint32{}
+					}
+					ep.Ports[p.Name] = uint32(n)
+				}
+			}
+			byAddr[addr] = ep
+		}
+	}
+	eps := make([]Endpoint, 0, len(byAddr))
+	for _, ep := range byAddr {
+		eps = append(eps, ep)
+	}
+	sort.Slice(eps, func(i, j int) bool {
+		if eps[i].Pod != eps[j].Pod {
+			return eps[i].Pod < eps[j].Pod
+		}
+		return eps[i].Address < eps[j].Address
+	})
+	if len(eps) > MaxEndpoints {
+		problems = append(problems, Problem{Reason: "TooManyEndpoints",
+			Message: fmt.Sprintf("%d ready endpoints exceed Istio's limit of %d per ServiceEntry; only the first %d pods by name are routed through the optimized host", len(eps), MaxEndpoints, MaxEndpoints)})
+		eps = eps[:MaxEndpoints]
+	}
+	byPod := in.Weights
+	if in.WeightsFor != nil {
+		byPod = in.WeightsFor(eps)
+	}
+	assignWeights(eps, byPod, in.LiveWeights)
+	capLocalitySums(eps)
+	return eps, problems
+}
+
+func explicitTarget(opt *optv1.IstioAdaptiveRequestOptimizer, number int32) bool {
+	for _, p := range opt.Spec.ServicePorts {
+		if p.Number == number && p.TargetPort != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// assignWeights gives each endpoint its known weight and a pod without one
+// the median of the known weights, so a new pod starts at a typical share.
+func assignWeights(eps []Endpoint, byPod, byAddress map[string]uint32) {
+	known := func(ep Endpoint) uint32 {
+		if w := byPod[ep.Pod]; w > 0 {
+			return w
+		}
+		return byAddress[ep.Address]
+	}
+	var ws []uint32
+	for _, ep := range eps {
+		if w := known(ep); w > 0 {
+			ws = append(ws, w)
+		}
+	}
+	fallback := DefaultWeight
+	if len(ws) > 0 {
+		sort.Slice(ws, func(i, j int) bool { return ws[i] < ws[j] })
+		fallback = ws[len(ws)/2]
+	}
+	for i := range eps {
+		if w := known(eps[i]); w > 0 {
+			eps[i].Weight = w
+		} else {
+			eps[i].Weight = fallback
+		}
+	}
+}
+
+// maxLocalityWeight is what the weights of one locality may sum to: Envoy
+// rejects an endpoint update whose locality sum exceeds 2^32-1. The margin
+// leaves room for weights that scaling raises back to 1.
+const maxLocalityWeight = math.MaxUint32 - MaxEndpoints
+
+// capLocalitySums scales every weight by one factor when the weights of a
+// locality would sum past Envoy's limit, so the ratios between pods (also
+// across localities) hold and no weight drops below 1.
+func capLocalitySums(eps []Endpoint) {
+	sums := map[string]uint64{}
+	var largest uint64
+	for _, ep := range eps {
+		sums[ep.Locality] += uint64(ep.Weight)
+		largest = max(largest, sums[ep.Locality])
+	}
+	if largest <= maxLocalityWeight {
+		return
+	}
+	for i := range eps {
+		eps[i].Weight = uint32(max(1, uint64(eps[i].Weight)*maxLocalityWeight/largest))
+	}
+}
+
+// isReady follows the EndpointSlice API: a nil ready condition means ready,
+// and a terminating endpoint is never ready.
+func isReady(e discoveryv1.Endpoint) bool {
+	if e.Conditions.Terminating != nil && *e.Conditions.Terminating {
+		return false
+	}
+	return e.Conditions.Ready == nil || *e.Conditions.Ready
+}
+
+// HasSidecar says whether Istio injected a proxy into the pod.
+func HasSidecar(pod *corev1.Pod) bool {
+	if _, ok := pod.Annotations["sidecar.istio.io/status"]; ok {
+		return true
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "istio-proxy" {
+			return true
+		}
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == "istio-proxy" {
+			return true
+		}
+	}
+	return false
+}
+
+// locality is region/zone/subzone from the node's topology labels, falling
+// back to the EndpointSlice's zone.
+func locality(node *corev1.Node, sliceZone *string) string {
+	var region, zone, subzone string
+	if node != nil {
+		region = node.Labels[labelRegion]
+		zone = node.Labels[labelZone]
+		subzone = node.Labels[labelSubzone]
+	}
+	if zone == "" {
+		zone = ptrString(sliceZone)
+	}
+	if region == "" && zone == "" && subzone == "" {
+		return ""
+	}
+	return strings.TrimRight(region+"/"+zone+"/"+subzone, "/")
+}
+
+// CPULimit sums the CPU limits of the application containers, in cores; 0
+// when any of them has none (the pod can then use more than the sum).
+func CPULimit(pod *corev1.Pod) float64 {
+	total := 0.0
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "istio-proxy" {
+			continue
+		}
+		q, ok := c.Resources.Limits[corev1.ResourceCPU]
+		if !ok {
+			return 0
+		}
+		total += q.AsApproximateFloat64()
+	}
+	return total
+}
