@@ -72,6 +72,12 @@ type Pod struct {
 	// without it count as the median of those with it), and a pod using all
 	// of its Cores is known to be saturated, so its CPU understates its load.
 	Cores float64
+	// CPURequest is the CPU the pod's application containers request, in
+	// cores; 0 = unknown. A floor on what the pod can use when Cores is 0.
+	CPURequest float64
+	// NodeCores is the allocatable CPU of the pod's node, in cores; 0 =
+	// unknown. A ceiling on what the pod can use when Cores is 0.
+	NodeCores float64
 }
 
 // Signal is what the metrics backend said about one pod over the query window.
@@ -79,6 +85,12 @@ type Pod struct {
 type Signal struct {
 	CPU      float64 // cores (rate of CPU seconds)
 	Requests float64 // requests per second served
+	// Latency is the mean time the pod's own sidecar measured per request
+	// over the window, in seconds (Istio's
+	// istio_request_duration_milliseconds, reporter="destination": rate of
+	// _sum over rate of _count); queueing at a saturated pod shows here
+	// whatever its cores. Optional.
+	Latency float64
 }
 
 // Observation is one cycle's query result.
