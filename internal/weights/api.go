@@ -119,4 +119,10 @@ type Result struct {
 	Mode     Mode
 	Capacity map[string]float64 // current capacity estimate per pod (relative units)
 	Message  string             // human-readable explanation for status
+	// Learned: the weights rest on capacity estimates from data for the
+	// pods that carry most of the traffic, not on equal or default weights.
+	// Until then the operator may keep a queue-aware load balancer
+	// (LEAST_REQUEST) in place of weighted ROUND_ROBIN, so opting in is
+	// never worse than Istio's default.
+	Learned bool
 }
