@@ -65,6 +65,8 @@ type Input struct {
 	WeightsFor func(eps []Endpoint) map[string]uint32
 	// ClusterDomain of the Kubernetes host, default cluster.local.
 	ClusterDomain string
+	// Mesh: export scope, the user's DestinationRules, ambient enrolment.
+	Mesh MeshContext
 }
 
 // Endpoint is one ready pod as it is routed.
@@ -87,8 +89,11 @@ type Endpoint struct {
 type Port struct {
 	Name       string // ServiceEntry port name, e.g. http-80
 	Number     int32
-	Protocol   string // Istio protocol: HTTP, HTTP2, GRPC, TCP
+	Protocol   string // ServiceEntry protocol: HTTP, HTTP2, GRPC, TCP, TLS, ... or "" (sniffed)
 	TargetPort uint32
+	// meshProtocol is what istiod makes of the Kubernetes Service port; it
+	// decides which routes the client's listener reads.
+	meshProtocol string
 	// serviceName is the Service port's name, the key of EndpointSlice ports.
 	serviceName string
 	// target is what the pods listen on, before resolution.
@@ -114,6 +119,11 @@ type Result struct {
 	DestinationRule *istionet.DestinationRule
 	VirtualService  *istionet.VirtualService // nil with routing_mode none
 	Problems        []Problem
+	// ExportTo is the export scope of the owned objects (the Service's).
+	ExportTo []string
+	// CarriedDestinationRule names (namespace/name) the user's
+	// DestinationRule whose traffic policy the owned one carries.
+	CarriedDestinationRule string
 }
 
 // ObjectName is the name of the objects owned for a Service.
@@ -163,12 +173,21 @@ func Compute(in Input) Result {
 	var epProblems []Problem
 	r.Endpoints, epProblems = endpoints(in, r.Ports)
 	r.Problems = append(r.Problems, epProblems...)
+	if mp := meshProblems(in, &r); len(mp) > 0 {
+		r.Problems = append(r.Problems, mp...)
+		return r
+	}
 
 	labels := OwnedLabels(opt)
 	r.ServiceEntry = serviceEntry(r, labels)
 	r.DestinationRule = destinationRule(r, opt, labels)
 	if opt.Routing() == optv1.RoutingVirtualService {
 		r.VirtualService = virtualService(r, passThroughPorts(in.Service, r.Ports), labels)
+	}
+	scope(&r)
+	if p := carryUserDestinationRule(in, &r); len(p) > 0 {
+		r.Problems = append(r.Problems, p...)
+		r.ServiceEntry, r.DestinationRule, r.VirtualService = nil, nil, nil
 	}
 	return r
 }

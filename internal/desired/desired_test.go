@@ -226,13 +226,17 @@ func TestComputePorts(t *testing.T) {
 			ports: []corev1.ServicePort{svcPort("GRPC-Api", 9090, intstr.FromInt32(9090))},
 			want:  []string{"grpc-9090 9090 GRPC 9090"},
 		},
-		"unknown name gives TCP": {
+		"an undeclared protocol is sniffed, as istiod does": {
 			ports: []corev1.ServicePort{svcPort("db", 5432, intstr.FromInt32(5432)), svcPort("", 6379, intstr.FromInt32(6379))},
-			want:  []string{"tcp-5432 5432 TCP 5432", "tcp-6379 6379 TCP 6379"},
+			want:  []string{"auto-5432 5432  5432", "auto-6379 6379  6379"},
 		},
-		"https and tls names are opaque TCP": {
+		"well-known ports are TCP when undeclared": {
+			ports: []corev1.ServicePort{svcPort("db", 3306, intstr.FromInt32(3306)), svcPort("", 27017, intstr.FromInt32(27017))},
+			want:  []string{"tcp-3306 3306 TCP 3306", "tcp-27017 27017 TCP 27017"},
+		},
+		"https and tls names keep their TLS protocol": {
 			ports: []corev1.ServicePort{svcPort("https", 443, intstr.FromInt32(8443)), svcPort("tls-x", 444, intstr.FromInt32(8444))},
-			want:  []string{"tcp-443 443 TCP 8443", "tcp-444 444 TCP 8444"},
+			want:  []string{"https-443 443 HTTPS 8443", "tls-444 444 TLS 8444"},
 		},
 		"appProtocol beats the name prefix": {
 			ports: []corev1.ServicePort{func() corev1.ServicePort {
@@ -250,13 +254,13 @@ func TestComputePorts(t *testing.T) {
 			}()},
 			want: []string{"http2-80 80 HTTP2 8080"},
 		},
-		"unknown appProtocol falls back to the name prefix": {
+		"an unknown appProtocol is sniffed; Istio does not read the name then": {
 			ports: []corev1.ServicePort{func() corev1.ServicePort {
 				p := svcPort("grpc-x", 80, intstr.FromInt32(8080))
 				p.AppProtocol = ptr.To("example.com/custom")
 				return p
 			}()},
-			want: []string{"grpc-80 80 GRPC 8080"},
+			want: []string{"auto-80 80  8080"},
 		},
 		"spec protocol beats appProtocol and name": {
 			ports: []corev1.ServicePort{func() corev1.ServicePort {
@@ -835,7 +839,7 @@ func TestComputeRoutingObjects(t *testing.T) {
 			host:       "web.shop.adaptive",
 			kubeHost:   "web.shop.svc.cluster.local",
 			namespace:  "shop",
-			httpRoutes: []string{"http-80 80 -> web.shop.adaptive:80", "grpc-9090 9090 -> web.shop.adaptive:9090"},
+			httpRoutes: []string{"http-80 80 -> web.shop.adaptive:80", "grpc-9090 9090 -> web.shop.adaptive:9090", "auto-5432 5432 -> web.shop.adaptive:5432"},
 			tcpRoutes:  []string{"5432 -> web.shop.adaptive:5432"},
 		},
 		"routing_mode none writes no VirtualService": {
@@ -849,7 +853,7 @@ func TestComputeRoutingObjects(t *testing.T) {
 			host:       "web.shop.adaptive",
 			kubeHost:   "web.shop.svc.cluster.local",
 			namespace:  "shop",
-			httpRoutes: nil,
+			httpRoutes: []string{"auto-5432 5432 -> web.shop.adaptive:5432"},
 			tcpRoutes:  []string{"5432 -> web.shop.adaptive:5432"},
 		},
 		"locality_enabled adds locality load balancing and outlier detection": {
@@ -875,7 +879,9 @@ func TestComputeRoutingObjects(t *testing.T) {
 			host:      "web.shop.adaptive",
 			kubeHost:  "web.shop.svc.cluster.local",
 			namespace: "shop",
-			tcpRoutes: []string{"80 -> web.shop.adaptive:80"},
+			// The Service port is named http, so the client's listener is
+			// HTTP whatever the optimizer says: only an http route moves it.
+			httpRoutes: []string{"tcp-80 80 -> web.shop.adaptive:80"},
 		},
 	}
 	for name, tc := range tests {
@@ -942,11 +948,13 @@ func TestComputeRoutingObjects(t *testing.T) {
 			// itself, because the VirtualService takes over the whole host.
 			var httpRoutes, tcpRoutes []string
 			routed := map[uint32]bool{}
-			passThrough := func(port uint32, d *networking.Destination) {
-				if d.Port.GetNumber() != port || routed[port] {
-					t.Errorf("pass-through route for port %d goes to port %d (or twice)", port, d.Port.GetNumber())
+			passed := map[string]bool{}
+			passThrough := func(kind string, port uint32, d *networking.Destination) {
+				key := fmt.Sprint(kind, port)
+				if d.Port.GetNumber() != port || passed[key] {
+					t.Errorf("pass-through %s route for port %d goes to port %d (or twice)", kind, port, d.Port.GetNumber())
 				}
-				routed[port] = true
+				passed[key], routed[port] = true, true
 			}
 			for _, h := range vs.Spec.Http {
 				if len(h.Match) != 1 || len(h.Route) != 1 {
@@ -954,7 +962,7 @@ func TestComputeRoutingObjects(t *testing.T) {
 				}
 				d := h.Route[0].Destination
 				if d.Host == tc.kubeHost {
-					passThrough(h.Match[0].Port, d)
+					passThrough("http", h.Match[0].Port, d)
 					continue
 				}
 				routed[h.Match[0].Port] = true
@@ -966,7 +974,7 @@ func TestComputeRoutingObjects(t *testing.T) {
 				}
 				d := tr.Route[0].Destination
 				if d.Host == tc.kubeHost {
-					passThrough(tr.Match[0].Port, d)
+					passThrough("tcp", tr.Match[0].Port, d)
 					continue
 				}
 				routed[tr.Match[0].Port] = true
@@ -1417,7 +1425,7 @@ func FuzzCompute(f *testing.F) {
 			if p.Number < 1 || p.Number > 65535 || p.TargetPort > 65535 {
 				t.Fatalf("port out of range: %v", p)
 			}
-			if !slices.Contains([]string{"HTTP", "HTTP2", "GRPC", "TCP"}, p.Protocol) {
+			if !slices.Contains([]string{"HTTP", "HTTP2", "GRPC", "GRPC-Web", "HTTPS", "TLS", "TCP", "Mongo", "Redis", "MySQL", ""}, p.Protocol) {
 				t.Fatalf("protocol %q", p.Protocol)
 			}
 		}

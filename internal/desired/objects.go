@@ -1,9 +1,7 @@
 package desired
 
 import (
-	"fmt"
 	"sort"
-	"strings"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -91,8 +89,8 @@ func passThroughPorts(svc *corev1.Service, optimized []Port) []Port {
 			continue
 		}
 		done[sp.Port] = true
-		proto := istioProtocol("", sp)
-		out = append(out, Port{Name: strings.ToLower(proto) + "-" + fmt.Sprint(sp.Port) + "-passthrough", Number: sp.Port, Protocol: proto})
+		proto := meshProtocol(sp)
+		out = append(out, Port{Name: portName(proto, sp.Port, "-passthrough"), Number: sp.Port, Protocol: proto, meshProtocol: proto})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Number < out[j].Number })
 	return out
@@ -118,17 +116,42 @@ func virtualService(r Result, passThrough []Port, labels map[string]string) *ist
 	for _, rt := range routes {
 		p := rt.Port
 		dest := &networking.Destination{Host: rt.host, Port: &networking.PortSelector{Number: uint32(p.Number)}}
-		switch p.Protocol {
-		case "TCP":
-			vs.Spec.Tcp = append(vs.Spec.Tcp, &networking.TCPRoute{
-				Match: []*networking.L4MatchAttributes{{Port: uint32(p.Number)}},
-				Route: []*networking.RouteDestination{{Destination: dest}},
-			})
-		default:
+		httpRoute := func() {
 			vs.Spec.Http = append(vs.Spec.Http, &networking.HTTPRoute{
 				Name:  p.Name,
 				Match: []*networking.HTTPMatchRequest{{Port: uint32(p.Number)}},
 				Route: []*networking.HTTPRouteDestination{{Destination: dest}},
+			})
+		}
+		tcpRoute := func() {
+			vs.Spec.Tcp = append(vs.Spec.Tcp, &networking.TCPRoute{
+				Match: []*networking.L4MatchAttributes{{Port: uint32(p.Number)}},
+				Route: []*networking.RouteDestination{{Destination: dest}},
+			})
+		}
+		switch routeKindOf(p.meshProtocol) {
+		case routeHTTP:
+			httpRoute()
+		case routeTCP:
+			tcpRoute()
+		case routeSniffed:
+			// The client's listener sniffs: HTTP requests take the http
+			// route, everything else the tcp route. Both must lead here,
+			// or HTTP (the common case) would bypass the weights.
+			httpRoute()
+			tcpRoute()
+		case routeTLS:
+			if rt.host == r.KubernetesHost {
+				// Without a tls route istiod's default chain for the port
+				// already leads to the Kubernetes Service, whatever the SNI;
+				// a tls route would narrow it to one SNI.
+				continue
+			}
+			// istiod builds no TCP chain for HTTPS/TLS ports: only a tls
+			// route, matched by SNI, moves this traffic.
+			vs.Spec.Tls = append(vs.Spec.Tls, &networking.TLSRoute{
+				Match: []*networking.TLSMatchAttributes{{Port: uint32(p.Number), SniHosts: []string{r.KubernetesHost}}},
+				Route: []*networking.RouteDestination{{Destination: dest}},
 			})
 		}
 	}

@@ -56,7 +56,11 @@ func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service,
 				Message: fmt.Sprintf("port %d of Service %s/%s is %s; Istio routes TCP only", w.number, svc.Namespace, svc.Name, sp.Protocol)})
 			continue
 		}
-		proto := istioProtocol(w.protocol, sp)
+		mesh := meshProtocol(sp)
+		proto := mesh
+		if w.protocol != "" {
+			proto = strings.ToUpper(string(w.protocol))
+		}
 		target := sp.TargetPort
 		if w.target != nil {
 			target = *w.target
@@ -65,11 +69,12 @@ func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service,
 			target = intstr.FromInt32(sp.Port)
 		}
 		p := Port{
-			Name:        strings.ToLower(proto) + "-" + fmt.Sprint(w.number),
-			Number:      w.number,
-			Protocol:    proto,
-			serviceName: sp.Name,
-			target:      target,
+			Name:         portName(proto, w.number, ""),
+			Number:       w.number,
+			Protocol:     proto,
+			meshProtocol: mesh,
+			serviceName:  sp.Name,
+			target:       target,
 		}
 		if target.Type == intstr.Int {
 			p.TargetPort = uint32(target.IntVal)
@@ -93,40 +98,6 @@ func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service,
 // routable says whether Istio can route the Service port (TCP only).
 func routable(sp corev1.ServicePort) bool {
 	return sp.Protocol != corev1.ProtocolUDP && sp.Protocol != corev1.ProtocolSCTP
-}
-
-// istioProtocol picks the protocol: the optimizer's choice, else the Service
-// port's appProtocol, else its name prefix (Istio's convention), else TCP.
-func istioProtocol(explicit optv1.Protocol, sp corev1.ServicePort) string {
-	if explicit != "" {
-		return strings.ToUpper(string(explicit))
-	}
-	if sp.AppProtocol != nil {
-		if p := protocolOf(*sp.AppProtocol); p != "" {
-			return p
-		}
-	}
-	name := strings.ToLower(sp.Name)
-	prefix, _, _ := strings.Cut(name, "-")
-	if p := protocolOf(prefix); p != "" {
-		return p
-	}
-	return "TCP"
-}
-
-func protocolOf(s string) string {
-	switch strings.ToLower(s) {
-	case "http":
-		return "HTTP"
-	case "http2", "kubernetes.io/h2c":
-		return "HTTP2"
-	case "grpc", "grpc-web":
-		return "GRPC"
-	case "tcp", "https", "tls", "kubernetes.io/wss", "kubernetes.io/ws":
-		// Encrypted or upgraded traffic is routed as opaque TCP.
-		return "TCP"
-	}
-	return ""
 }
 
 // namedTargetFromSlices finds the number a named target port resolved to:

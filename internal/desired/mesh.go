@@ -1,0 +1,98 @@
+package desired
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// LabelDataplaneMode enrols a pod, or every pod of a namespace, in Istio's
+// ambient mode ("ambient"); "none" on a pod opts it out.
+const LabelDataplaneMode = "istio.io/dataplane-mode"
+
+// MeshContext is what the mesh around the Service says about how its
+// traffic may be routed: who may see it, the user's own traffic policy,
+// and how its pods are enrolled.
+type MeshContext struct {
+	// DefaultExportTo is the mesh's defaultServiceExportTo (the manager's
+	// --default-export-to); nil means Istio's default, "*".
+	DefaultExportTo []string
+	// Namespace is the Service's namespace (its labels tell ambient
+	// enrolment); nil when unknown.
+	Namespace *corev1.Namespace
+	// DestinationRules are the DestinationRules of the Service's namespace
+	// (the operator's own are skipped); the user's rule for the Kubernetes
+	// host is carried over to the optimized host.
+	DestinationRules []*istionet.DestinationRule
+}
+
+// ambientPods names the ready pods enrolled in ambient mode: they have no
+// sidecar, so the optimized host would send them plaintext without the
+// tlsMode label (breaking STRICT mTLS) and bypass their waypoint. The
+// optimizer refuses them rather than route around ztunnel.
+func ambientPods(in Input, eps []Endpoint) []string {
+	nsAmbient := in.Mesh.Namespace != nil && in.Mesh.Namespace.Labels[LabelDataplaneMode] == "ambient"
+	var out []string
+	for _, ep := range eps {
+		if ep.Sidecar {
+			continue // a sidecar always wins over ambient enrolment
+		}
+		mode := ""
+		if pod := in.Pods[ep.Pod]; pod != nil {
+			mode = pod.Labels[LabelDataplaneMode]
+		}
+		if mode == "ambient" || (nsAmbient && mode != "none") {
+			out = append(out, ep.Pod)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func ambientProblem(in Input, eps []Endpoint) *Problem {
+	pods := ambientPods(in, eps)
+	if len(pods) == 0 {
+		return nil
+	}
+	where := fmt.Sprintf("label %s=ambient on the pods", LabelDataplaneMode)
+	if in.Mesh.Namespace != nil && in.Mesh.Namespace.Labels[LabelDataplaneMode] == "ambient" {
+		where = fmt.Sprintf("namespace %s is labelled %s=ambient", in.Mesh.Namespace.Name, LabelDataplaneMode)
+	}
+	shown := pods
+	if len(shown) > 5 {
+		shown = append(append([]string{}, shown[:5]...), fmt.Sprintf("and %d more", len(pods)-5))
+	}
+	return &Problem{Reason: "AmbientNotSupported", Fatal: true,
+		Message: fmt.Sprintf("pods %s are enrolled in Istio ambient mode (%s) and have no sidecar; the optimized host would bypass ztunnel mTLS and waypoints, so nothing is routed. Inject a sidecar or leave this Service out of optimization",
+			strings.Join(shown, ", "), where)}
+}
+
+// meshProblems are the refusals that come from the mesh around the
+// Service; each is Fatal.
+func meshProblems(in Input, r *Result) []Problem {
+	var out []Problem
+	var p *Problem
+	if r.ExportTo, p = exportTo(in.Service, in.Mesh.DefaultExportTo); p != nil {
+		out = append(out, *p)
+	}
+	if p := ambientProblem(in, r.Endpoints); p != nil {
+		out = append(out, *p)
+	}
+	return out
+}
+
+// scope gives the owned objects the Service's export scope.
+func scope(r *Result) {
+	if r.ServiceEntry != nil {
+		r.ServiceEntry.Spec.ExportTo = append([]string(nil), r.ExportTo...)
+	}
+	if r.DestinationRule != nil {
+		r.DestinationRule.Spec.ExportTo = append([]string(nil), r.ExportTo...)
+	}
+	if r.VirtualService != nil {
+		r.VirtualService.Spec.ExportTo = append([]string(nil), r.ExportTo...)
+	}
+}
