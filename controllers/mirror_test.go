@@ -31,13 +31,13 @@ func webService(t *testing.T, ns string, eps ...Endpoint) {
 		Service(ns, "web",
 			ServicePort("http", 80, intstr.FromInt32(8080)),
 			ServicePort("grpc-api", 9090, intstr.FromInt32(9090)),
-			ServicePort("db", 5432, intstr.FromInt32(5432)),
+			ServicePort("tcp-db", 5432, intstr.FromInt32(5432)),
 		),
 	)
 	for _, e := range eps {
 		mustCreate(t, Pod(ns, e.Pod, "web", e.Node, WithSidecar(), WithServiceAccount("web-sa")))
 	}
-	mustCreate(t, EndpointSlice(ns, "web-1", "web", []SlicePort{{Name: "http", Port: 8080}, {Name: "grpc-api", Port: 9090}, {Name: "db", Port: 5432}}, eps...))
+	mustCreate(t, EndpointSlice(ns, "web-1", "web", []SlicePort{{Name: "http", Port: 8080}, {Name: "grpc-api", Port: 9090}, {Name: "tcp-db", Port: 5432}}, eps...))
 }
 
 func endpointAddrs(se interface {

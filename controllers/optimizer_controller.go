@@ -55,6 +55,8 @@ type MirrorReconciler struct {
 	ClusterDomain string
 	MaxConcurrent int
 	DenyCrossNS   bool
+	// DefaultExportTo is the mesh's defaultServiceExportTo (nil: "*").
+	DefaultExportTo []string
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
@@ -298,6 +300,9 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 		return in, live, err
 	}
 	in.LiveWeights = desired.LiveWeights(live.se)
+	if in.Mesh, err = r.readMesh(ctx, ns); err != nil {
+		return in, live, err
+	}
 
 	if opt.Routing() == optv1.RoutingVirtualService {
 		vss := &istionet.VirtualServiceList{}

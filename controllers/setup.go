@@ -79,7 +79,8 @@ func (r *MirrorReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 			return byService(ctx, o.GetNamespace(), svc)
 		})).
 		Watches(&istionet.ServiceEntry{}, owned).
-		Watches(&istionet.DestinationRule{}, owned).
+		Watches(&istionet.DestinationRule{}, destinationRuleRequests(byService, domain)).
+		Watches(&corev1.Namespace{}, namespaceRequests(mgr.GetClient()), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&istionet.VirtualService{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			out := ownerRequest(o)
 			for _, fqdn := range virtualServiceFQDNs(o.(*istionet.VirtualService), domain) {

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
 
@@ -27,12 +28,17 @@ type Options struct {
 	// their own, for clusters where namespace owners must not write routing
 	// objects into each other's namespaces.
 	DenyCrossNamespace bool
+	// DefaultExportTo is the mesh's defaultServiceExportTo, comma-separated:
+	// the export scope of Services without a networking.istio.io/exportTo
+	// annotation, which the owned objects then keep.
+	DefaultExportTo string
 }
 
 // BindFlags registers the options as flags.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Optimizers mirrored in parallel.")
 	fs.BoolVar(&o.DenyCrossNamespace, "deny-cross-namespace", false, "Refuse optimizers whose service_namespace differs from their own namespace (they would write routing objects in another namespace).")
+	fs.StringVar(&o.DefaultExportTo, "default-export-to", "*", "The mesh's meshConfig.defaultServiceExportTo, comma-separated (\".\", \"*\" or namespaces): the export scope of Services without a networking.istio.io/exportTo annotation. The operator's objects never reach further than the Service, so set this to what the mesh uses.")
 	o.Engine.BindFlags(fs)
 }
 
@@ -40,6 +46,9 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 func (o *Options) Validate() error {
 	if o.MaxConcurrentReconciles < 1 {
 		return fmt.Errorf("--max-concurrent-reconciles must be at least 1, got %d", o.MaxConcurrentReconciles)
+	}
+	if _, err := desired.ParseExportTo(o.DefaultExportTo); err != nil {
+		return fmt.Errorf("--default-export-to: %w", err)
 	}
 	return o.Engine.Validate()
 }
@@ -81,6 +90,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 		ClusterDomain: d.ClusterDomain,
 		MaxConcurrent: d.Options.MaxConcurrentReconciles,
 		DenyCrossNS:   d.Options.DenyCrossNamespace,
+	}
+	var err error
+	if mirror.DefaultExportTo, err = desired.ParseExportTo(d.Options.DefaultExportTo); err != nil {
+		return fmt.Errorf("--default-export-to: %w", err)
 	}
 	if err := mirror.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("set up mirror controller: %w", err)
