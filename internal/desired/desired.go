@@ -163,7 +163,7 @@ func Compute(in Input) Result {
 		return r
 	}
 	var portProblems []Problem
-	r.Ports, portProblems = resolvePorts(opt, in.Service, in.Slices, in.Pods)
+	r.Ports, portProblems = resolvePorts(opt, in.Service, in.Slices, in.Pods, in.ClusterDomain)
 	r.Problems = append(r.Problems, portProblems...)
 	if len(r.Ports) == 0 {
 		r.Problems = append(r.Problems, Problem{Reason: "NoPorts", Fatal: true,

@@ -234,9 +234,16 @@ func TestComputePorts(t *testing.T) {
 			ports: []corev1.ServicePort{svcPort("db", 3306, intstr.FromInt32(3306)), svcPort("", 27017, intstr.FromInt32(27017))},
 			want:  []string{"tcp-3306 3306 TCP 3306", "tcp-27017 27017 TCP 27017"},
 		},
-		"https and tls names keep their TLS protocol": {
-			ports: []corev1.ServicePort{svcPort("https", 443, intstr.FromInt32(8443)), svcPort("tls-x", 444, intstr.FromInt32(8444))},
-			want:  []string{"https-443 443 HTTPS 8443", "tls-444 444 TLS 8444"},
+		"https and tls ports are optimized only when listed, with a note": {
+			ports:    []corev1.ServicePort{svcPort("https", 443, intstr.FromInt32(8443)), svcPort("tls-x", 444, intstr.FromInt32(8444))},
+			selected: []optv1.ServicePort{{Number: 443}, {Number: 444}},
+			want:     []string{"https-443 443 HTTPS 8443", "tls-444 444 TLS 8444"},
+			problems: []string{"TLSRoutedBySNI", "TLSRoutedBySNI"},
+		},
+		"https and tls ports are left alone by default": {
+			ports:    []corev1.ServicePort{svcPort("http", 80, intstr.FromInt32(8080)), svcPort("https", 443, intstr.FromInt32(8443))},
+			want:     []string{"http-80 80 HTTP 8080"},
+			problems: []string{"TLSPortNotOptimized"},
 		},
 		"appProtocol beats the name prefix": {
 			ports: []corev1.ServicePort{func() corev1.ServicePort {

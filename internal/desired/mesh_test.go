@@ -116,8 +116,8 @@ func TestComputeRoutesEveryListenerChain(t *testing.T) {
 	in.Service = service(svcPort("web", 8080, intstr.FromInt32(8080)), svcPort("https", 443, intstr.FromInt32(8443)), svcPort("tls-other", 444, intstr.FromInt32(444)))
 	in.Optimizer = optimizer(withPorts(optv1.ServicePort{Number: 8080}, optv1.ServicePort{Number: 443}))
 	r := Compute(in)
-	if len(r.Problems) != 0 {
-		t.Fatalf("problems %+v", r.Problems)
+	if len(r.Problems) != 1 || r.Problems[0].Reason != "TLSRoutedBySNI" || r.Problems[0].Fatal {
+		t.Fatalf("problems %+v, want the TLSRoutedBySNI note", r.Problems)
 	}
 	vs := &r.VirtualService.Spec
 	kube := "web.shop.svc.cluster.local"

@@ -12,7 +12,7 @@ import (
 )
 
 // resolvePorts picks the optimized ports, their protocol and target port.
-func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service, slices []discoveryv1.EndpointSlice, pods map[string]*corev1.Pod) ([]Port, []Problem) {
+func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service, slices []discoveryv1.EndpointSlice, pods map[string]*corev1.Pod, clusterDomain string) ([]Port, []Problem) {
 	var problems []Problem
 	byNumber := map[int32]corev1.ServicePort{}
 	for _, sp := range svc.Spec.Ports {
@@ -57,6 +57,12 @@ func resolvePorts(opt *optv1.IstioAdaptiveRequestOptimizer, svc *corev1.Service,
 			continue
 		}
 		mesh := meshProtocol(sp)
+		if p, skip := tlsPortProblem(svc, sp, mesh, len(opt.Spec.ServicePorts) > 0, clusterDomain); p != nil {
+			problems = append(problems, *p)
+			if skip {
+				continue
+			}
+		}
 		proto := mesh
 		if w.protocol != "" {
 			proto = strings.ToUpper(string(w.protocol))

@@ -1,6 +1,7 @@
 package desired
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -109,4 +110,27 @@ func portName(protocol string, number int32, suffix string) string {
 		p = "auto"
 	}
 	return p + "-" + strconv.Itoa(int(number)) + suffix
+}
+
+// tlsPortProblem says what optimizing an HTTPS/TLS port costs. istiod
+// routes such a port only by SNI: with a tls route for the Service's FQDN,
+// a client sending that SNI reaches the optimized host, but one sending
+// another SNI ("web", "web.ns") or none matches no route and goes to
+// PassthroughCluster, without Istio mTLS or weights (observed with istiod
+// 1.31, TestTLSRoutedBySNI). So such a port is optimized only when the
+// optimizer lists it (skip false, with a Degraded note), and is otherwise
+// left to the Service's own route (skip true).
+func tlsPortProblem(svc *corev1.Service, sp corev1.ServicePort, mesh string, listed bool, clusterDomain string) (p *Problem, skip bool) {
+	if routeKindOf(mesh) != routeTLS {
+		return nil, false
+	}
+	fqdn := KubernetesHost(svc.Name, svc.Namespace, clusterDomain)
+	if !listed {
+		return &Problem{Reason: "TLSPortNotOptimized", Message: fmt.Sprintf(
+			"port %d of Service %s/%s is %s, which Istio routes by SNI only: clients that send an SNI other than %s, or none, would lose their route. It is left on the Service's own route; list it in service_ports to optimize the clients that send %s",
+			sp.Port, svc.Namespace, svc.Name, mesh, fqdn, fqdn)}, true
+	}
+	return &Problem{Reason: "TLSRoutedBySNI", Message: fmt.Sprintf(
+		"port %d of Service %s/%s is %s: only TLS with SNI %s reaches the optimized host; other SNI, or none, goes to PassthroughCluster without Istio mTLS or weights",
+		sp.Port, svc.Namespace, svc.Name, mesh, fqdn)}, false
 }

@@ -325,9 +325,14 @@ func TestSniffedHTTPReachesWeights(t *testing.T) {
 
 // TestTLSRoutedBySNI: an https port gets SNI filter chains only (istiod
 // builds no TCP chain for HTTPS/TLS ports, so a tcp route would be
-// ignored). TLS with the Service's host as SNI reaches the optimized host.
+// ignored). A tls route can only name the Service's FQDN as SNI, and a
+// client sending another SNI then matches no chain and goes to
+// PassthroughCluster. So by default the port is left on the Service's own
+// route for every SNI (Degraded/TLSPortNotOptimized); listed in
+// service_ports, TLS with the FQDN as SNI reaches the optimized host
+// (Degraded/TLSRoutedBySNI says what happens to the rest).
 func TestTLSRoutedBySNI(t *testing.T) {
-	s := meshService{ns: "tls", ports: []corev1.ServicePort{httpPort("https", 443)}, ipBlock: 24}
+	s := meshService{ns: "tls", ports: []corev1.ServicePort{httpPort("http", 80), httpPort("https", 443)}, ipBlock: 24}
 	vip := s.create(t)
 	x := suite.zoneB
 	sniTo := func(sni, want string) func(*harness.XDSClient) error {
@@ -340,18 +345,43 @@ func TestTLSRoutedBySNI(t *testing.T) {
 		}
 	}
 	kube, opt := clusterName(443, s.host()), clusterName(443, s.optimized())
-	waitFor(t, x, propagation, "before: TLS to the Service", sniTo(s.host(), kube))
-	for _, sni := range []string{"web.tls", "web", ""} {
-		got, err := x.TLSCluster(443, vip, sni)
-		t.Logf("before: TLS with SNI %q -> %q (%v)", sni, got, err)
+	snis := []string{s.host(), "web.tls", "web", ""}
+	for _, sni := range snis {
+		waitFor(t, x, propagation, "before: TLS to the Service", sniTo(sni, kube))
 	}
+
+	// Default: every port, the https one left alone.
 	s.optIn(t)
-	d := waitFor(t, x, propagation, "after: TLS with the Service's SNI to the optimized host", sniTo(s.host(), opt))
-	for _, sni := range []string{"web.tls", "web", ""} {
-		got, err := x.TLSCluster(443, vip, sni)
-		t.Logf("TLS with SNI %q -> %q (%v)", sni, got, err)
+	waitFor(t, x, propagation, "http port optimized", reaches(s.host(), 80, clusterName(80, s.optimized())))
+	msg := s.condition(t, optv1.ConditionDegraded, metav1.ConditionTrue, "TLSPortNotOptimized")
+	for _, sni := range snis {
+		if err := sniTo(sni, kube)(x); err != nil {
+			t.Errorf("default opt-in moved TLS: %v", err)
+		}
 	}
-	t.Logf("https port 443: SNI %s -> %s after %s", s.host(), opt, d.Round(time.Millisecond))
+	t.Logf("default: %s; TLS for SNI %q still -> %s", msg, snis, kube)
+
+	// Listed: SNI routing to the optimized host.
+	o := &optv1.IstioAdaptiveRequestOptimizer{}
+	ctx := testCtx(t)
+	if err := suite.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: optimizerName}, o); err != nil {
+		t.Fatal(err)
+	}
+	o.Spec.ServicePorts = []optv1.ServicePort{{Number: 80}, {Number: 443}}
+	if err := suite.c.Update(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	d := waitFor(t, x, propagation, "listed: TLS with the Service's SNI to the optimized host", sniTo(s.host(), opt))
+	if _, err := x.Endpoints(opt); err != nil {
+		t.Error(err)
+	}
+	msg = s.condition(t, optv1.ConditionDegraded, metav1.ConditionTrue, "TLSRoutedBySNI")
+	for _, sni := range snis[1:] {
+		if err := sniTo(sni, "PassthroughCluster")(x); err != nil {
+			t.Errorf("what the TLSRoutedBySNI message says no longer holds: %v", err)
+		}
+	}
+	t.Logf("listed: SNI %s -> %s after %s; other SNI -> PassthroughCluster; %s", s.host(), opt, d.Round(time.Millisecond), msg)
 }
 
 // TestUserDestinationRuleCarried: the user's DestinationRule for the
