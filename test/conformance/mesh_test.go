@@ -372,9 +372,12 @@ func TestTLSRoutedBySNI(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := waitFor(t, x, propagation, "listed: TLS with the Service's SNI to the optimized host", sniTo(s.host(), opt))
-	if _, err := x.Endpoints(opt); err != nil {
-		t.Error(err)
-	}
+	waitFor(t, x, propagation, "endpoints of the optimized cluster", func(x *harness.XDSClient) error {
+		if eps, err := x.Endpoints(opt); err != nil || len(eps) == 0 {
+			return fmt.Errorf("cluster %s has no endpoints (%v)", opt, err)
+		}
+		return nil
+	})
 	msg = s.condition(t, optv1.ConditionDegraded, metav1.ConditionTrue, "TLSRoutedBySNI")
 	for _, sni := range snis[1:] {
 		if err := sniTo(sni, "PassthroughCluster")(x); err != nil {
