@@ -78,9 +78,12 @@ vet: ## Run go vet against code (test files included).
 
 .PHONY: test
 # test does not regenerate the CRDs, RBAC and deepcopy code: it checks them
-# (test/generated), so stale generated files fail here and in CI alike.
+# (test/generated), so stale generated files fail here and in CI alike. The
+# last line runs Istio's own validation (the istiod module) on the objects the
+# operator writes (internal/desired/testdata/istio-objects.yaml).
 test: controller-gen fmt vet envtest istiod prometheus kustomize ## Run every test against real components (API server, istiod, Prometheus) built into bin/.
 	KUBEBUILDER_ASSETS="$(LOCALBIN)" go test $(TEST_PACKAGES) -count=1 -p $(TEST_PARALLELISM) -timeout $(TEST_TIMEOUT) $(TEST_ARGS)
+	cd hack/tools/istiod && go test . -count=1 -run TestOperatorObjectsPassIstioValidation
 
 .PHONY: test-generated
 test-generated: controller-gen ## Fail if the committed CRDs, RBAC or deepcopy code differ from what controller-gen produces.
