@@ -36,7 +36,8 @@ type ServicePort struct {
 	Number int32 `json:"number"`
 
 	// protocol of the port. When empty it is taken from the Service port's
-	// appProtocol, else from its name prefix (http-, grpc-, ...), else tcp.
+	// appProtocol, else from its name prefix (http-, grpc-, ...), else the
+	// port is sniffed (both HTTP and TCP are routed), as istiod does.
 	// +optional
 	Protocol Protocol `json:"protocol,omitempty"`
 
