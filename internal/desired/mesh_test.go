@@ -296,3 +296,46 @@ func TestAmbientRefused(t *testing.T) {
 		})
 	}
 }
+
+// FuzzExportTo: whatever the annotation, the scope never names a namespace
+// the annotation did not, is "*" only when the annotation says so, and is
+// something Istio accepts on every kind (no "~", no duplicates, "*" alone).
+func FuzzExportTo(f *testing.F) {
+	for _, s := range []string{".", "*", "~", "a,b", "shop,.", "~,a", " a , ,b", "A_b", "a,*,b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, annotation string) {
+		svc := service(svcPort("http", 80, intstr.FromInt32(8080)))
+		svc.Annotations = map[string]string{AnnotationExportTo: annotation}
+		got, p := exportTo(svc, []string{"."})
+		if p != nil {
+			if len(got) != 0 || !p.Fatal {
+				t.Fatalf("problem %+v with scope %v", p, got)
+			}
+			return
+		}
+		entries := map[string]bool{}
+		for _, e := range strings.Split(annotation, ",") {
+			entries[strings.TrimSpace(e)] = true
+		}
+		if strings.TrimSpace(annotation) == "" {
+			entries = map[string]bool{".": true}
+		}
+		seen := map[string]bool{}
+		for _, e := range got {
+			if seen[e] || e == "~" || (e == "*" && len(got) > 1) {
+				t.Fatalf("scope %v for %q", got, annotation)
+			}
+			seen[e] = true
+			if e == "." && !entries["."] && !entries[testNS] {
+				t.Fatalf("scope %v widens %q to the own namespace", got, annotation)
+			}
+			if e != "." && !entries[e] {
+				t.Fatalf("scope %v names %q, which %q does not", got, e, annotation)
+			}
+		}
+		if _, err := ParseExportTo(strings.Join(got, ",")); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
