@@ -321,6 +321,36 @@ func TestSniffedHTTPReachesWeights(t *testing.T) {
 	}
 	s.condition(t, optv1.ConditionReady, metav1.ConditionTrue, "Reconciled")
 	t.Logf("sniffed port 8080: listener %s_8080's HTTP chain and TCP chain -> %s after %s", vip, opt, d.Round(time.Millisecond))
+
+	// Control: what the operator used to write, a tcp route only, moves the
+	// TCP chain but leaves sniffed HTTP on the Kubernetes cluster. This is
+	// the bypass the check above would catch.
+	t.Run("control-tcp-route-only", func(t *testing.T) {
+		ctx := testCtx(t)
+		c := meshService{ns: "sniffctl", ports: []corev1.ServicePort{httpPort("web", 8080)}, ipBlock: 27}
+		cvip := c.create(t)
+		vs := &istionet.VirtualService{ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: "tcp-only"}}
+		vs.Spec.Hosts = []string{c.host()}
+		vs.Spec.Tcp = []*networking.TCPRoute{{
+			Match: []*networking.L4MatchAttributes{{Port: 8080}},
+			Route: []*networking.RouteDestination{{Destination: &networking.Destination{Host: s.optimized(), Port: &networking.PortSelector{Number: 8080}}}},
+		}}
+		if err := suite.c.Create(ctx, vs); err != nil {
+			t.Fatal(err)
+		}
+		kube := clusterName(8080, c.host())
+		waitFor(t, x, propagation, "control: TCP chain moved, sniffed HTTP not", func(x *harness.XDSClient) error {
+			if got, err := x.TCPCluster(8080, cvip); err != nil || got != opt {
+				return fmt.Errorf("TCP chain goes to %q (%v), want %s", got, err, opt)
+			}
+			if got, err := x.SniffedHTTPCluster(cvip, 8080, c.host()); err != nil || got != kube {
+				return fmt.Errorf("sniffed HTTP chain goes to %q (%v); with a tcp route only it should stay on %s", got, err, kube)
+			}
+			return nil
+		})
+		got := kube
+		t.Logf("control: a tcp route alone moves the TCP chain to %s, sniffed HTTP stays on %s", opt, got)
+	})
 }
 
 // TestTLSRoutedBySNI: an https port gets SNI filter chains only (istiod
