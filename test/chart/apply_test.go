@@ -100,6 +100,7 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 	renders := map[string][]*unstructured.Unstructured{
 		"helm default":               helmTemplate(t, root, releaseNamespace),
 		"helm all-options":           helmTemplate(t, root, "iawo-system", allOptions),
+		"helm README values":         helmTemplate(t, root, releaseNamespace, readmeValues(t, root)),
 		"kustomize default":          kustomizeBuild(t, root, "config/default"),
 		"kustomize prometheus":       kustomizeBuild(t, root, "config/prometheus"),
 		"kustomize grafana":          kustomizeBuild(t, root, "config/grafana"),
@@ -150,4 +151,31 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 			t.Logf("%d objects accepted: %s", len(objs), fmt.Sprint(kinds))
 		})
 	}
+}
+
+// readmeValues writes the production values file the README shows (the YAML
+// block after "A production values file:") to a temporary file, so what a
+// user copies is what the test installs.
+func readmeValues(t *testing.T, root string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(data), "A production values file:")
+	if !ok {
+		t.Fatal(`README.md has no "A production values file:" block`)
+	}
+	_, block, ok := strings.Cut(after, "```yaml\n")
+	if ok {
+		block, _, ok = strings.Cut(block, "```")
+	}
+	if !ok {
+		t.Fatal("README.md: no yaml block after \"A production values file:\"")
+	}
+	p := filepath.Join(t.TempDir(), "readme-values.yaml")
+	if err := os.WriteFile(p, []byte(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
