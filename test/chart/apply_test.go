@@ -104,6 +104,7 @@ func TestChartAppliesToAPIServer(t *testing.T) {
 		"kustomize default":          kustomizeBuild(t, root, "config/default"),
 		"kustomize prometheus":       kustomizeBuild(t, root, "config/prometheus"),
 		"kustomize grafana":          kustomizeBuild(t, root, "config/grafana"),
+		"kustomize network-policy":   kustomizeBuild(t, root, "config/network-policy"),
 		"kustomize verified-metrics": kustomizeBuild(t, root, "config/overlays/verified-metrics"),
 	}
 	// Namespaces the renders put objects in (a dry run cannot create them).

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -393,5 +394,84 @@ func TestChartMonitoring(t *testing.T) {
 	}
 	if !reflect.DeepEqual(gotDash, wantDash) {
 		t.Error("the dashboard ConfigMap differs from config/grafana")
+	}
+}
+
+// TestNetworkPolicies checks that the chart's and config/network-policy's
+// NetworkPolicy select the manager's pods and open what the manager needs:
+// the metrics port it listens on and the probe port inbound; DNS, the API
+// server and the metrics backend outbound.
+func TestNetworkPolicies(t *testing.T) {
+	root := repoRoot(t)
+	chart := helmTemplate(t, root, "iawo-system", allOptions)
+	config := kustomizeBuild(t, root, "config/default")
+	for name, pair := range map[string][2][]*unstructured.Unstructured{
+		"helm":      {chart, chart},
+		"kustomize": {kustomizeBuild(t, root, "config/network-policy"), config},
+	} {
+		t.Run(name, func(t *testing.T) {
+			policies, install := pair[0], pair[1]
+			var np *unstructured.Unstructured
+			for _, o := range policies {
+				if o.GetKind() == "NetworkPolicy" {
+					np = o
+				}
+			}
+			if np == nil {
+				t.Fatal("no NetworkPolicy rendered")
+			}
+			var deploy *unstructured.Unstructured
+			for _, o := range install {
+				if o.GetKind() == "Deployment" {
+					deploy = o
+				}
+			}
+			if np.GetNamespace() != deploy.GetNamespace() {
+				t.Errorf("NetworkPolicy in %s, manager in %s", np.GetNamespace(), deploy.GetNamespace())
+			}
+			podLabels, _, _ := unstructured.NestedStringMap(deploy.Object, "spec", "template", "metadata", "labels")
+			selector, _, _ := unstructured.NestedStringMap(np.Object, "spec", "podSelector", "matchLabels")
+			if len(selector) == 0 {
+				t.Error("the NetworkPolicy selects every pod of the namespace")
+			}
+			for k, v := range selector {
+				if podLabels[k] != v {
+					t.Errorf("the NetworkPolicy selects %s=%s, which the manager's pods lack", k, v)
+				}
+			}
+			ports := func(rules string) map[string]bool {
+				out := map[string]bool{}
+				list, _, _ := unstructured.NestedSlice(np.Object, "spec", rules)
+				for _, r := range list {
+					ps, _, _ := unstructured.NestedSlice(r.(map[string]any), "ports")
+					for _, p := range ps {
+						m := p.(map[string]any)
+						out[fmt.Sprintf("%v/%v", m["port"], m["protocol"])] = true
+					}
+				}
+				return out
+			}
+			in, out := ports("ingress"), ports("egress")
+			c := managerContainer(t, []*unstructured.Unstructured{deploy})
+			cports, _, _ := unstructured.NestedSlice(c, "ports")
+			for _, p := range cports {
+				m := p.(map[string]any)
+				if key := fmt.Sprintf("%v/TCP", m["containerPort"]); !in[key] {
+					t.Errorf("container port %v (%v) is not open inbound: %v", m["containerPort"], m["name"], keys(in))
+				}
+			}
+			for _, want := range []string{"53/UDP", "53/TCP", "443/TCP", "6443/TCP"} {
+				if !out[want] {
+					t.Errorf("egress lacks %s: %v", want, keys(out))
+				}
+			}
+			args := flagArgs(containerArgs(c))
+			if urls := args["prometheus-url"]; len(urls) == 1 {
+				port := regexp.MustCompile(`:(\d+)(/|$)`).FindStringSubmatch(strings.TrimPrefix(strings.TrimPrefix(urls[0], "http://"), "https://"))
+				if port == nil || !out[port[1]+"/TCP"] {
+					t.Errorf("egress does not open the metrics backend's port (%s): %v", urls[0], keys(out))
+				}
+			}
+		})
 	}
 }
