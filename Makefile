@@ -279,7 +279,7 @@ $(HELM)-$(HELM_VERSION): | $(LOCALBIN)
 # other tools.
 test: helm
 
-# On a fresh machine the tools take about 20 minutes on 2 cores (most of it
+# On a fresh machine the tools take about 25 minutes on 2 cores (most of it
 # kube-apiserver); hack/build-tool.sh prints which one is building and an
 # elapsed-time line every 20 s. `make -j2 tools` builds two at a time.
 .PHONY: tools

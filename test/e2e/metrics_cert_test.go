@@ -37,8 +37,9 @@ import (
 // verifying the certificate against its CA under the Service's DNS name, with
 // the bearer token of a service account bound to config/'s metrics-reader
 // ClusterRole. A scrape that does not trust the CA, or sends no token, is
-// refused. A --metrics-cert-path without the files stops the manager at
-// start-up instead of serving a self-signed certificate no scraper trusts.
+// refused. A renewed certificate is served without a restart. A
+// --metrics-cert-path without the files stops the manager at start-up
+// instead of serving a self-signed certificate no scraper trusts.
 func TestMetricsServedWithProvidedCertificate(t *testing.T) {
 	api, err := harness.StartAPIServer()
 	if err != nil {
@@ -122,6 +123,25 @@ func TestMetricsServedWithProvidedCertificate(t *testing.T) {
 	if _, _, err := scrapeWith(systemRoots, url, token); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("scrape that does not trust the CA: error %v, want a certificate error", err)
 	}
+
+	// Renewal: cert-manager rewrites the Secret; the manager must serve the
+	// new certificate without a restart. A new CA makes old and new tell apart.
+	renewedPool := writeServingCert(t, certDir, serverName)
+	renewed := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: renewedPool, ServerName: serverName},
+	}}
+	renewedAt := time.Now()
+	harness.Eventually(t, 60*time.Second, "the renewed certificate served", func() error {
+		code, _, err := scrapeWith(renewed, url, token)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("status %d", code)
+		}
+		return nil
+	})
+	t.Logf("Renewed certificate served %v after the files changed", time.Since(renewedAt).Round(100*time.Millisecond))
 }
 
 // writeServingCert writes a CA-signed tls.crt/tls.key for dnsName into dir,
