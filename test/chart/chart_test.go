@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -211,8 +212,8 @@ func TestChartCoversManagerFlags(t *testing.T) {
 	}
 	if len(missing) > 0 {
 		t.Errorf("the manager has flags the chart names no value for: %s.\n"+
-			"Add a value to charts/istio-adaptive-weight-optimizer/values.yaml, render it in templates/deployment.yaml "+
-			"and set it in %s, or list the flag in flagsWithoutValue (test/chart) with the reason it is left to extraArgs.",
+			"Add a value to charts/istio-adaptive-weight-optimizer/values.yaml (and values.schema.json), render it in "+
+			"templates/deployment.yaml and set it in %s, or list the flag in flagsWithoutValue (test/chart) with the reason it is left to extraArgs.",
 			strings.Join(missing, ", "), allOptions)
 	}
 	for f := range flagsWithoutValue {
@@ -473,5 +474,19 @@ func TestNetworkPolicies(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestChartRefusesMisspeltValues: values.schema.json refuses unknown keys, so
+// `serviceMonitor.enable=true` fails instead of silently installing nothing.
+func TestChartRefusesMisspeltValues(t *testing.T) {
+	root := repoRoot(t)
+	for _, set := range []string{"serviceMonitor.enable=true", "metricsBackend.tennant=a", "replicas=3"} {
+		cmd := exec.CommandContext(t.Context(), tool(t, "helm", "HELM"), "template", releaseName, chartDir, "--set", set, "--kube-version", kubeVersion(t))
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "not allowed") {
+			t.Errorf("helm template --set %s: error %v, want the schema to refuse it:\n%.500s", set, err, out)
+		}
 	}
 }
