@@ -94,7 +94,8 @@ bench: ## Run the side-by-side balancing benchmark on every shipped scenario.
 	go run ./test/bench $(BENCH_ARGS)
 
 .PHONY: demo
-demo: manifests envtest istiod prometheus ## Run the local demo: API server, Prometheus, istiod, the operator and a simulated fleet on loopback.
+# The demo uses the committed CRD, so it does not wait for controller-gen.
+demo: envtest istiod prometheus ## Run the local demo: API server, Prometheus, istiod, the operator and a simulated fleet on loopback.
 	KUBEBUILDER_ASSETS="$(LOCALBIN)" go run ./test/demo $(DEMO_ARGS)
 
 ##@ Build
@@ -135,6 +136,30 @@ build-installer: manifests generate kustomize ## Write dist/install.yaml: CRDs, 
 	$(call image-overlay,dist/overlay)
 	$(KUSTOMIZE) build dist/overlay > dist/install.yaml
 	@echo "Wrote dist/install.yaml (image $(IMG))"
+
+##@ Helm chart
+
+CHART ?= charts/istio-adaptive-weight-optimizer
+# What the chart takes from config/ unchanged: the CRD, the rules of every
+# Role and ClusterRole, the alert rules and the dashboard. Helm cannot read
+# files outside the chart, so they are copied; test/chart fails when a copy
+# differs from config/ (run this target after `make manifests`).
+CHART_RBAC_FILES = role.yaml leader_election_role.yaml metrics_auth_role.yaml metrics_reader_role.yaml \
+	istioadaptiverequestoptimizer_admin_role.yaml istioadaptiverequestoptimizer_editor_role.yaml \
+	istioadaptiverequestoptimizer_viewer_role.yaml
+
+.PHONY: chart-sync
+chart-sync: ## Copy the CRD, RBAC rules, alerts and dashboard from config/ into the Helm chart.
+	@rm -rf $(CHART)/crds $(CHART)/files/rbac && mkdir -p $(CHART)/crds $(CHART)/files/rbac
+	cp config/crd/bases/*.yaml $(CHART)/crds/
+	cp $(addprefix config/rbac/,$(CHART_RBAC_FILES)) $(CHART)/files/rbac/
+	cp config/prometheus/alerts.yaml $(CHART)/files/alerts.yaml
+	cp config/grafana/istio-adaptive-optimizer.json $(CHART)/files/dashboard.json
+
+.PHONY: chart-lint
+chart-lint: helm ## Lint the Helm chart with its default and its all-options values.
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) -f test/chart/testdata/all-options.yaml
 
 ##@ Deployment
 
@@ -185,11 +210,15 @@ KUBE_APISERVER ?= $(LOCALBIN)/kube-apiserver
 ETCD ?= $(LOCALBIN)/etcd
 PILOT_DISCOVERY ?= $(LOCALBIN)/pilot-discovery
 PROMETHEUS ?= $(LOCALBIN)/prometheus
+HELM ?= $(LOCALBIN)/helm
 
 ## Tool versions
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 # v5.8.3 needs Go 1.27; this project builds with Go 1.26.
 KUSTOMIZE_VERSION ?= v5.8.2
+# Helm 3 (the line every platform team runs); the chart is linted, rendered and
+# dry-run applied by test/chart.
+HELM_VERSION ?= v3.22.0
 # The servers are built from their own modules under hack/tools (they need
 # replace or pin lines that `go install pkg@version` refuses); their versions
 # are read from those go.mod files, which are the one place to change them.
@@ -237,8 +266,27 @@ prometheus: $(PROMETHEUS)-$(PROMETHEUS_VERSION) ## Build Prometheus into bin/ if
 $(PROMETHEUS)-$(PROMETHEUS_VERSION): | $(LOCALBIN)
 	$(call go-build-tool,$@,prometheus,github.com/prometheus/prometheus/cmd/prometheus)
 
+.PHONY: helm
+helm: $(HELM)-$(HELM_VERSION) ## Build helm into bin/ if absent.
+	$(call link-tool,$<,$(HELM))
+# Stamped like a release build: `helm version` tells the version, and
+# `helm template` assumes the Kubernetes version the tests run (envtest's
+# kube-apiserver) instead of go install's 1.20.
+HELM_K8S_MINOR = $(word 2,$(subst ., ,$(KUBERNETES_VERSION)))
+HELM_LDFLAGS = -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+	$(foreach p,chartutil lint/rules,-X helm.sh/helm/v3/pkg/$(p).k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$(p).k8sVersionMinor=$(HELM_K8S_MINOR))
+$(HELM)-$(HELM_VERSION): | $(LOCALBIN)
+	$(call go-install-tool,$@,helm.sh/helm/v3/cmd/helm,$(HELM_VERSION),-ldflags '$(HELM_LDFLAGS)')
+
+# The chart tests (test/chart) need helm; the test target's own line lists the
+# other tools.
+test: helm
+
+# On a fresh machine the tools take about 25 minutes on 2 cores (most of it
+# kube-apiserver); hack/build-tool.sh prints which one is building and an
+# elapsed-time line every 20 s. `make -j2 tools` builds two at a time.
 .PHONY: tools
-tools: controller-gen kustomize envtest istiod prometheus ## Build every tool above.
+tools: controller-gen kustomize envtest istiod prometheus helm ## Build every tool above.
 
 # link-tool points the unversioned name $2 at the versioned binary $1, leaving
 # a correct link untouched (tests may be starting the binary).
@@ -250,11 +298,11 @@ endef
 # interrupted build never leaves a file that looks complete.
 
 # go-install-tool installs a module at a version with `go install`.
-# $1 - versioned output path, $2 - package, $3 - version
+# $1 - versioned output path, $2 - package, $3 - version, $4 - extra go flags
 define go-install-tool
 @echo "Building $(2)@$(3) into $(1)"
 @rm -rf "$(1).tmp" && mkdir -p "$(1).tmp"
-GOBIN="$(1).tmp" go install $(2)@$(3)
+@GOBIN="$(1).tmp" hack/build-tool.sh $(notdir $(1)) -- go install $(4) $(2)@$(3)
 @mv "$(1).tmp"/* "$(1)" && rm -rf "$(1).tmp"
 endef
 
@@ -263,6 +311,6 @@ endef
 # $1 - versioned output path, $2 - directory under hack/tools, $3 - package
 define go-build-tool
 @echo "Building $(3) into $(1) (module hack/tools/$(2))"
-cd hack/tools/$(2) && go build -o "$(1).tmp" $(3)
+@cd hack/tools/$(2) && ../../build-tool.sh $(notdir $(1)) -- go build -o "$(1).tmp" $(3)
 @mv "$(1).tmp" "$(1)"
 endef
