@@ -123,6 +123,13 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.stalled("CrossNamespaceDenied", msg)
 		return ctrl.Result{}, nil
 	}
+	if msg := invalidSpec(opt); msg != "" {
+		// Not retried: the optimizer is reconciled again when its spec changes.
+		r.Loop.Stop(req.NamespacedName)
+		st.stalled(ReasonInvalidSpec, msg)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, ReasonInvalidSpec, "Reconcile", "%s", msg)
+		return ctrl.Result{}, nil
+	}
 	settings, serr := settingsFor(opt, r.Defaults)
 	if serr != nil {
 		st.degraded("InvalidOptimization", serr.Error())

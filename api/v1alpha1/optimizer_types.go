@@ -40,10 +40,21 @@ type ServicePort struct {
 	// +optional
 	Protocol Protocol `json:"protocol,omitempty"`
 
+	// The name pattern applies on every supported Kubernetes version; the
+	// integer range needs CEL (controller-gen puts no minimum on an
+	// int-or-string), and where CEL does not run the optimizer reports an
+	// out-of-range number as Stalled/InvalidSpec instead.
+
 	// targetPort overrides the port the pods listen on. A name is resolved
 	// through the EndpointSlice ports. Defaults to the Service's targetPort.
+	// A number must be 1-65535; a name must be an IANA service name (at most
+	// 15 lower-case letters, digits and single inner hyphens, at least one
+	// letter), as Kubernetes requires of port names.
 	// +optional
 	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) != int || (self >= 1 && self <= 65535)",message="a target port number must be between 1 and 65535"
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]+-)*[a-z0-9]*[a-z][a-z0-9]*(-[a-z0-9]+)*$`
 	TargetPort *intstr.IntOrString `json:"targetPort,omitempty"`
 }
 
@@ -52,16 +63,16 @@ type ServicePort struct {
 type Optimization struct {
 	// cycle is how often weights are recomputed.
 	// +optional
-	Cycle *metav1.Duration `json:"cycle,omitempty"`
+	Cycle *Duration `json:"cycle,omitempty"`
 
 	// query_window is the range of the rate() in the default queries.
 	// +optional
-	QueryWindow *metav1.Duration `json:"query_window,omitempty"`
+	QueryWindow *Duration `json:"query_window,omitempty"`
 
 	// scrape_interval is how often the metrics backend scrapes the pods; the
 	// engine allows for that lag when it relates weights to observed load.
 	// +optional
-	ScrapeInterval *metav1.Duration `json:"scrape_interval,omitempty"`
+	ScrapeInterval *Duration `json:"scrape_interval,omitempty"`
 
 	// dead_band_percent: a weight that would move by less than this percent
 	// is left alone, so noise causes no ServiceEntry writes.
@@ -92,18 +103,19 @@ type Optimization struct {
 	// min_cpu_millicores: when the pods use less CPU than this on average,
 	// weights are held (nothing to learn at low load).
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000
 	// +optional
 	MinCPUMillicores *int32 `json:"min_cpu_millicores,omitempty"`
 
 	// slow_start ramps the weight of a new pod up over this duration.
 	// +optional
-	SlowStart *metav1.Duration `json:"slow_start,omitempty"`
+	SlowStart *Duration `json:"slow_start,omitempty"`
 
 	// drain_time: a pod that fell behind (served fewer requests than it was
 	// sent) gets less than its capacity until its backlog would clear within
 	// this time.
 	// +optional
-	DrainTime *metav1.Duration `json:"drain_time,omitempty"`
+	DrainTime *Duration `json:"drain_time,omitempty"`
 
 	// speed_tilt_percent bends weights from plain capacity shares toward
 	// faster pods (capacity x speed^(tilt/100)); a little tilt lowers tail
@@ -116,7 +128,7 @@ type Optimization struct {
 	// weight_expiry is how long the last good weights are held while the
 	// metrics backend fails; after it, weights fall back to equal.
 	// +optional
-	WeightExpiry *metav1.Duration `json:"weight_expiry,omitempty"`
+	WeightExpiry *Duration `json:"weight_expiry,omitempty"`
 
 	// share_by_hardware pools capacity estimates of pods on the same node
 	// instance type, so a new pod on known hardware starts near its weight.
