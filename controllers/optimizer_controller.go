@@ -215,7 +215,7 @@ func (l liveObjects) conflicts(opt *optv1.IstioAdaptiveRequestOptimizer, res des
 		if obj == nil || desired.IsOwnedBy(obj, opt) {
 			return ""
 		}
-		owner := obj.GetLabels()[desired.LabelOptimizerNamespace] + "/" + obj.GetLabels()[desired.LabelOptimizerName]
+		owner := obj.GetLabels()[desired.LabelOptimizerNamespace] + "/" + desired.OwnerName(obj)
 		if obj.GetLabels()[desired.LabelManagedBy] == desired.ManagedByValue {
 			return fmt.Sprintf("%s %s/%s belongs to optimizer %s, which already optimizes Service %s/%s",
 				kind, obj.GetNamespace(), obj.GetName(), owner, res.Namespace, opt.Spec.ServiceName)
