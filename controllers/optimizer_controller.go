@@ -103,6 +103,15 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		}
 	}()
 
+	if msg := invalidSpec(opt); msg != "" {
+		// Checked before the finalizer is added: nothing is written for
+		// this spec, so nothing needs cleaning up. Not retried: the
+		// optimizer is reconciled again when its spec changes.
+		r.Loop.Stop(req.NamespacedName)
+		st.stalled(ReasonInvalidSpec, msg)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, ReasonInvalidSpec, "Reconcile", "%s", msg)
+		return ctrl.Result{}, nil
+	}
 	if !controllerutil.ContainsFinalizer(opt, Finalizer) {
 		// Owned objects live in the Service's namespace, where owner
 		// references cannot reach from another namespace; and a cluster
@@ -121,13 +130,6 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	}
 	if msg := crossNamespaceDenied(opt, r.DenyCrossNS); msg != "" {
 		st.stalled("CrossNamespaceDenied", msg)
-		return ctrl.Result{}, nil
-	}
-	if msg := invalidSpec(opt); msg != "" {
-		// Not retried: the optimizer is reconciled again when its spec changes.
-		r.Loop.Stop(req.NamespacedName)
-		st.stalled(ReasonInvalidSpec, msg)
-		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, ReasonInvalidSpec, "Reconcile", "%s", msg)
 		return ctrl.Result{}, nil
 	}
 	settings, serr := settingsFor(opt, r.Defaults)

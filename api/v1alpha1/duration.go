@@ -9,9 +9,11 @@ import (
 
 // DurationPattern is the Go duration syntax the API server enforces on every
 // duration field (a non-negative time.ParseDuration string such as 30s,
-// 1m30s or 1.5h). It is the OpenAPI pattern, so Kubernetes 1.22 enforces it
-// too; a CEL rule next to it also refuses values the pattern lets through
-// but Go cannot hold (an overflow such as 9999999999h) where CEL runs.
+// 1m30s or 1.5h). It is an OpenAPI pattern, so Kubernetes 1.22 enforces it
+// too. A value that matches but overflows (9999999999999h) is left to Err:
+// a CEL rule calling duration() would catch it, but a CEL evaluation error
+// is not ratcheted, so every write of an object stored before the rule
+// (status and finalizer included) would fail.
 const DurationPattern = `^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h))+)$`
 
 // Duration is a time span in Go syntax ("30s", "1m30s"). It decodes any
@@ -25,7 +27,6 @@ const DurationPattern = `^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h))+)$`
 // +kubebuilder:validation:Type=string
 // +kubebuilder:validation:MaxLength=64
 // +kubebuilder:validation:Pattern=`^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h))+)$`
-// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s')",message="must be a non-negative Go duration such as 30s, 1m30s or 1.5h"
 type Duration struct {
 	time.Duration `json:"-"`
 
