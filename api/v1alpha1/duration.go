@@ -51,6 +51,9 @@ func (d *Duration) Err() error {
 // accepts and that is not negative is valid.
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	*d = Duration{}
+	if string(bytes.TrimSpace(b)) == "null" {
+		return nil // unset, as encoding/json does for a pointer
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
 		d.raw = string(bytes.TrimSpace(b))
