@@ -117,7 +117,9 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		// references cannot reach from another namespace; and a cluster
 		// without a garbage collector would keep them. The finalizer deletes
 		// them explicitly either way.
-		patch := client.MergeFrom(opt.DeepCopy())
+		// The optimistic lock makes a patch from a stale cache fail with a
+		// conflict instead of overwriting finalizers others added.
+		patch := client.MergeFromWithOptions(opt.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(opt, Finalizer)
 		if err := r.Client.Patch(ctx, opt, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
@@ -431,7 +433,7 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 		if owned, err = r.deleteOwned(ctx, opt, name); err != nil {
 			return err
 		}
-		patch := client.MergeFrom(opt.DeepCopy())
+		patch := client.MergeFromWithOptions(opt.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.RemoveFinalizer(opt, Finalizer)
 		if err := r.Client.Patch(ctx, opt, patch); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("remove finalizer: %w", err)

@@ -112,9 +112,13 @@ func (m *Metrics) SetCondition(namespace, name, typ, status, reason string) {
 	m.Condition.WithLabelValues(namespace, name, typ, status, reason).Set(1)
 }
 
-// ForgetOptimizer deletes the condition series of a deleted optimizer.
+// ForgetOptimizer deletes the condition and reconciler_errors series of a
+// deleted optimizer, so a cluster with churning optimizers does not grow
+// series without bound.
 func (m *Metrics) ForgetOptimizer(namespace, name string) {
-	m.Condition.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "name": name})
+	opt := prometheus.Labels{"namespace": namespace, "name": name}
+	m.Condition.DeletePartialMatch(opt)
+	m.ReconcilerErrors.DeletePartialMatch(opt)
 }
 
 // Collectors lists every series for registration.

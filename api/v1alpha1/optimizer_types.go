@@ -237,7 +237,10 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// +optional
 	OwnedObjects OwnedObjects `json:"ownedObjects,omitempty"`
 
-	// lastOptimizationTime is when weights were last computed.
+	// lastOptimizationTime is when weights were last computed and found to
+	// change; a cycle that changes nothing refreshes it (with weightSpread
+	// and weights) at most every 5 minutes, so the status is not rewritten
+	// every cycle.
 	// +optional
 	LastOptimizationTime *metav1.Time `json:"lastOptimizationTime,omitempty"`
 
@@ -245,9 +248,16 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// +optional
 	WeightSpread string `json:"weightSpread,omitempty"`
 
-	// weights are the last computed weights (always in dry run).
+	// weights are the last computed weights, the first 100 by pod name
+	// (endpoint_weight has them all).
 	// +optional
+	// +kubebuilder:validation:MaxItems=100
 	Weights []EndpointWeight `json:"weights,omitempty"`
+
+	// weightsTotal is the number of computed weights; weights lists at most
+	// 100 of them.
+	// +optional
+	WeightsTotal int32 `json:"weightsTotal,omitempty"`
 }
 
 // IstioAdaptiveRequestOptimizer mirrors a Service's ready pods into a weighted
