@@ -102,7 +102,7 @@ build: manifests generate fmt vet ## Build the manager binary into bin/manager.
 
 .PHONY: run
 run: manifests generate fmt vet ## Run the manager from your host against the current kubeconfig (RUN_ARGS adds flags).
-	go run ./cmd $(RUN_ARGS)
+	go run ./cmd --leader-elect=false $(RUN_ARGS)
 
 # docker-build and docker-buildx need a container engine; the Dockerfile builds
 # the manager itself, so nothing from bin/ is copied into the image.
