@@ -60,6 +60,12 @@ type ServicePort struct {
 
 // Optimization tunes the weight engine. Every field has an operator-wide
 // default (a manager flag); set a field here to override it for one Service.
+//
+// The integer fields are int64 in Go although their ranges are small: any
+// integer the API server stores decodes into int64, so a value stored before
+// a range was enforced cannot fail the manager's list of every optimizer (an
+// int32 would overflow). Ranges are checked by the CRD and again by the
+// manager.
 type Optimization struct {
 	// cycle is how often weights are recomputed.
 	// +optional
@@ -79,33 +85,33 @@ type Optimization struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional
-	DeadBandPercent *int32 `json:"dead_band_percent,omitempty"`
+	DeadBandPercent *int64 `json:"dead_band_percent,omitempty"`
 
 	// max_step_percent bounds how far one weight may move in one cycle.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000
 	// +optional
-	MaxStepPercent *int32 `json:"max_step_percent,omitempty"`
+	MaxStepPercent *int64 `json:"max_step_percent,omitempty"`
 
 	// max_weight_ratio keeps every weight within [mean/ratio, mean*ratio].
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional
-	MaxWeightRatio *int32 `json:"max_weight_ratio,omitempty"`
+	MaxWeightRatio *int64 `json:"max_weight_ratio,omitempty"`
 
 	// smoothing_percent is the share of a new capacity estimate in the
 	// running estimate (100 = no smoothing).
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional
-	SmoothingPercent *int32 `json:"smoothing_percent,omitempty"`
+	SmoothingPercent *int64 `json:"smoothing_percent,omitempty"`
 
 	// min_cpu_millicores: when the pods use less CPU than this on average,
 	// weights are held (nothing to learn at low load).
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=1000000
 	// +optional
-	MinCPUMillicores *int32 `json:"min_cpu_millicores,omitempty"`
+	MinCPUMillicores *int64 `json:"min_cpu_millicores,omitempty"`
 
 	// slow_start ramps the weight of a new pod up over this duration.
 	// +optional
@@ -123,7 +129,7 @@ type Optimization struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional
-	SpeedTiltPercent *int32 `json:"speed_tilt_percent,omitempty"`
+	SpeedTiltPercent *int64 `json:"speed_tilt_percent,omitempty"`
 
 	// weight_expiry is how long the last good weights are held while the
 	// metrics backend fails; after it, weights fall back to equal.

@@ -194,27 +194,27 @@ func (in *Optimization) DeepCopyInto(out *Optimization) {
 	}
 	if in.DeadBandPercent != nil {
 		in, out := &in.DeadBandPercent, &out.DeadBandPercent
-		*out = new(int32)
+		*out = new(int64)
 		**out = **in
 	}
 	if in.MaxStepPercent != nil {
 		in, out := &in.MaxStepPercent, &out.MaxStepPercent
-		*out = new(int32)
+		*out = new(int64)
 		**out = **in
 	}
 	if in.MaxWeightRatio != nil {
 		in, out := &in.MaxWeightRatio, &out.MaxWeightRatio
-		*out = new(int32)
+		*out = new(int64)
 		**out = **in
 	}
 	if in.SmoothingPercent != nil {
 		in, out := &in.SmoothingPercent, &out.SmoothingPercent
-		*out = new(int32)
+		*out = new(int64)
 		**out = **in
 	}
 	if in.MinCPUMillicores != nil {
 		in, out := &in.MinCPUMillicores, &out.MinCPUMillicores
-		*out = new(int32)
+		*out = new(int64)
 		**out = **in
 	}
 	if in.SlowStart != nil {
@@ -229,7 +229,7 @@ func (in *Optimization) DeepCopyInto(out *Optimization) {
 	}
 	if in.SpeedTiltPercent != nil {
 		in, out := &in.SpeedTiltPercent, &out.SpeedTiltPercent
-		*out = new(int32)
+		*out = new(int64)
 		**out = **in
 	}
 	if in.WeightExpiry != nil {
