@@ -146,6 +146,10 @@ func run() error {
 				"give one, or pass --leader-elect=false when this is the only manager running")
 		}
 	}
+	m := metrics.New()
+	watchHealth := &controllers.WatchHealth{Clock: clock.RealClock{}, Metrics: m}
+	cacheOpts := controllers.CacheOptions(strings.Split(o.watchNamespaces, ","))
+	cacheOpts.DefaultWatchErrorHandler = watchHealth.Handler
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metricsOpts,
@@ -154,13 +158,12 @@ func run() error {
 		LeaderElectionID:              "istio-adaptive-optimizer.optimization.liorfranko.github.io",
 		LeaderElectionNamespace:       o.leaderElectionNS,
 		LeaderElectionReleaseOnCancel: true,
-		Cache:                         controllers.CacheOptions(strings.Split(o.watchNamespaces, ",")),
+		Cache:                         cacheOpts,
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
 
-	m := metrics.New()
 	if err := m.Register(crmetrics.Registry); err != nil {
 		return fmt.Errorf("register metrics: %w", err)
 	}
@@ -188,6 +191,9 @@ func run() error {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("informers", watchHealth.Check); err != nil {
 		return err
 	}
 	logger.Info("Starting manager", "prometheusURL", redact(o.prometheus.URL), "watchNamespaces", o.watchNamespaces)
