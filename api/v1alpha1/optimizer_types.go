@@ -216,7 +216,9 @@ type EndpointWeight struct {
 	Pod      string `json:"pod"`
 	Address  string `json:"address"`
 	Locality string `json:"locality,omitempty"`
-	Weight   uint32 `json:"weight"`
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	Weight uint32 `json:"weight"`
 }
 
 // IstioAdaptiveRequestOptimizerStatus is what the operator observed and did.
@@ -237,6 +239,8 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 
 	// endpoints is the number of ready pods in the ServiceEntry.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	Endpoints int32 `json:"endpoints,omitempty"`
 
 	// ownedObjects names the objects the operator writes.
@@ -263,6 +267,8 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// weightsTotal is the number of computed weights; weights lists at most
 	// 100 of them.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	WeightsTotal int32 `json:"weightsTotal,omitempty"`
 }
 
