@@ -28,6 +28,15 @@ TEST_PARALLELISM ?= 1
 TEST_TIMEOUT ?= 30m
 TEST_PACKAGES ?= ./...
 TEST_ARGS ?=
+# The race detector runs on every test package (a race fails `make test`)
+# except TEST_NORACE_PACKAGES: test/bench's tests are long balancing
+# simulations, each a single-goroutine CPU loop (only RunAll's small worker
+# pool is concurrent), which -race slows several times over.
+# `make test TEST_NORACE_PACKAGES=` races them too; TEST_RACE= turns it off.
+TEST_RACE ?= -race
+TEST_NORACE_PACKAGES ?= ./test/bench/...
+test_race_pkgs = $(filter-out $(shell go list $(TEST_NORACE_PACKAGES)),$(shell go list $(TEST_PACKAGES)))
+test_norace_pkgs = $(filter $(shell go list $(TEST_NORACE_PACKAGES)),$(shell go list $(TEST_PACKAGES)))
 
 # Flags for the balancing benchmark (test/bench) and the local demo (test/demo).
 BENCH_ARGS ?= --all test/bench/scenarios
@@ -82,7 +91,8 @@ vet: ## Run go vet against code (test files included).
 # last line runs Istio's own validation (the istiod module) on the objects the
 # operator writes (internal/desired/testdata/istio-objects.yaml).
 test: controller-gen fmt vet envtest istiod prometheus kustomize ## Run every test against real components (API server, istiod, Prometheus) built into bin/.
-	KUBEBUILDER_ASSETS="$(LOCALBIN)" go test $(TEST_PACKAGES) -count=1 -p $(TEST_PARALLELISM) -timeout $(TEST_TIMEOUT) $(TEST_ARGS)
+	KUBEBUILDER_ASSETS="$(LOCALBIN)" go test $(TEST_RACE) $(test_race_pkgs) -count=1 -p $(TEST_PARALLELISM) -timeout $(TEST_TIMEOUT) $(TEST_ARGS)
+	$(if $(strip $(test_norace_pkgs)),KUBEBUILDER_ASSETS="$(LOCALBIN)" go test $(test_norace_pkgs) -count=1 -p $(TEST_PARALLELISM) -timeout $(TEST_TIMEOUT) $(TEST_ARGS))
 	cd hack/tools/istiod && go test . -count=1 -run TestOperatorObjectsPassIstioValidation
 
 .PHONY: test-generated
@@ -106,7 +116,7 @@ build: manifests generate fmt vet ## Build the manager binary into bin/manager.
 
 .PHONY: run
 run: manifests generate fmt vet ## Run the manager from your host against the current kubeconfig (RUN_ARGS adds flags).
-	go run ./cmd $(RUN_ARGS)
+	go run ./cmd --leader-elect=false $(RUN_ARGS)
 
 # docker-build and docker-buildx need a container engine; the Dockerfile builds
 # the manager itself, so nothing from bin/ is copied into the image.

@@ -53,6 +53,7 @@ type options struct {
 	clusterDomain     string
 	prometheus        promsource.Config
 	prometheusHeaders headerFlag
+	headerFiles       headerFlag
 	controllerOptions controllers.Options
 }
 
@@ -78,7 +79,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error)
 	fs.StringVar(&o.metricsCertName, "metrics-cert-name", "tls.crt", "File name of the metrics certificate in --metrics-cert-path.")
 	fs.StringVar(&o.metricsCertKey, "metrics-cert-key", "tls.key", "File name of the metrics key in --metrics-cert-path.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the health and readiness probes.")
-	fs.BoolVar(&o.leaderElect, "leader-elect", false, "Elect a leader so that only one replica writes.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader so that only one replica writes (outside a cluster give --leader-election-namespace, or --leader-elect=false for a single local run).")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader election lease (default: the manager's own).")
 	fs.StringVar(&o.watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches the whole cluster.")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "DNS domain of the cluster, used in Kubernetes Service hosts.")
@@ -92,6 +93,10 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error)
 	fs.BoolVar(&o.prometheus.InsecureSkipVerify, "prometheus-insecure-skip-verify", false, "Do not verify the metrics backend's certificate (testing only).")
 	o.prometheusHeaders = headerFlag{}
 	fs.Var(o.prometheusHeaders, "prometheus-header", "Extra header Name=Value sent with every query (repeatable), e.g. X-Scope-OrgID=tenant for Mimir.")
+	fs.StringVar(&o.prometheus.BasicAuthUsername, "prometheus-basic-auth-username", "", "Basic auth user name for the metrics backend; the password comes from --prometheus-basic-auth-password-file.")
+	fs.StringVar(&o.prometheus.BasicAuthPasswordFile, "prometheus-basic-auth-password-file", "", "File holding the basic auth password (re-read on every query, so a rotated Secret is picked up).")
+	o.headerFiles = headerFlag{}
+	fs.Var(o.headerFiles, "prometheus-header-file", "Extra header Name=/path/to/file whose value is read from the file on every query (repeatable), for secrets such as API keys.")
 	o.controllerOptions.BindFlags(fs)
 	zo := &zap.Options{Development: false}
 	zo.BindFlags(fs)
@@ -100,6 +105,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error)
 	}
 	if len(o.prometheusHeaders) > 0 {
 		o.prometheus.Headers = o.prometheusHeaders
+	}
+	if len(o.headerFiles) > 0 {
+		o.prometheus.HeaderFiles = o.headerFiles
 	}
 	return o, zo, o.controllerOptions.Validate()
 }
@@ -142,6 +150,16 @@ func run() error {
 		}
 	}
 
+	if o.leaderElect && o.leaderElectionNS == "" {
+		if _, err := os.Stat(inClusterNamespaceFile); err != nil {
+			return errors.New("--leader-elect (on by default) needs --leader-election-namespace outside a cluster; " +
+				"give one, or pass --leader-elect=false when this is the only manager running")
+		}
+	}
+	m := metrics.New()
+	watchHealth := &controllers.WatchHealth{Clock: clock.RealClock{}, Metrics: m}
+	cacheOpts := controllers.CacheOptions(strings.Split(o.watchNamespaces, ","))
+	cacheOpts.DefaultWatchErrorHandler = watchHealth.Handler
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Metrics:                       metricsOpts,
@@ -150,13 +168,12 @@ func run() error {
 		LeaderElectionID:              "istio-adaptive-optimizer.optimization.liorfranko.github.io",
 		LeaderElectionNamespace:       o.leaderElectionNS,
 		LeaderElectionReleaseOnCancel: true,
-		Cache:                         controllers.CacheOptions(strings.Split(o.watchNamespaces, ",")),
+		Cache:                         cacheOpts,
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
 
-	m := metrics.New()
 	if err := m.Register(crmetrics.Registry); err != nil {
 		return fmt.Errorf("register metrics: %w", err)
 	}
@@ -186,9 +203,16 @@ func run() error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
+	if err := mgr.AddReadyzCheck("informers", watchHealth.Check); err != nil {
+		return err
+	}
 	logger.Info("Starting manager", "prometheusURL", redact(o.prometheus.URL), "watchNamespaces", o.watchNamespaces)
 	return mgr.Start(ctx)
 }
+
+// inClusterNamespaceFile is where a pod finds its namespace, which
+// controller-runtime uses for the lease when none is given.
+const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 func ctrlFlagsWithKubeconfig(fs *flag.FlagSet) {
 	config.RegisterFlags(fs)

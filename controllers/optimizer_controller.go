@@ -105,12 +105,23 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		}
 	}()
 
+	if msg := invalidSpec(opt); msg != "" {
+		// Checked before the finalizer is added: nothing is written for
+		// this spec, so nothing needs cleaning up. Not retried: the
+		// optimizer is reconciled again when its spec changes.
+		r.Loop.Stop(req.NamespacedName)
+		st.stalled(ReasonInvalidSpec, msg)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, ReasonInvalidSpec, "Reconcile", "%s", msg)
+		return ctrl.Result{}, nil
+	}
 	if !controllerutil.ContainsFinalizer(opt, Finalizer) {
 		// Owned objects live in the Service's namespace, where owner
 		// references cannot reach from another namespace; and a cluster
 		// without a garbage collector would keep them. The finalizer deletes
 		// them explicitly either way.
-		patch := client.MergeFrom(opt.DeepCopy())
+		// The optimistic lock makes a patch from a stale cache fail with a
+		// conflict instead of overwriting finalizers others added.
+		patch := client.MergeFromWithOptions(opt.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(opt, Finalizer)
 		if err := r.Client.Patch(ctx, opt, patch); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
@@ -210,7 +221,7 @@ func (l liveObjects) conflicts(opt *optv1.IstioAdaptiveRequestOptimizer, res des
 		if obj == nil || desired.IsOwnedBy(obj, opt) {
 			return ""
 		}
-		owner := obj.GetLabels()[desired.LabelOptimizerNamespace] + "/" + obj.GetLabels()[desired.LabelOptimizerName]
+		owner := obj.GetLabels()[desired.LabelOptimizerNamespace] + "/" + desired.OwnerName(obj)
 		if obj.GetLabels()[desired.LabelManagedBy] == desired.ManagedByValue {
 			return fmt.Sprintf("%s %s/%s belongs to optimizer %s, which already optimizes Service %s/%s",
 				kind, obj.GetNamespace(), obj.GetName(), owner, res.Namespace, opt.Spec.ServiceName)
@@ -427,7 +438,7 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 		if owned, err = r.deleteOwned(ctx, opt, name); err != nil {
 			return err
 		}
-		patch := client.MergeFrom(opt.DeepCopy())
+		patch := client.MergeFromWithOptions(opt.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.RemoveFinalizer(opt, Finalizer)
 		if err := r.Client.Patch(ctx, opt, patch); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("remove finalizer: %w", err)

@@ -82,15 +82,12 @@ type Settings struct {
 func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Settings, error) {
 	s := d.settings(opt.Spec.DryRun)
 	if o := opt.Spec.Optimization; o != nil {
-		if o.Cycle != nil {
-			s.Cycle = o.Cycle.Duration
-		}
-		if o.QueryWindow != nil {
-			s.Params.QueryWindow = o.QueryWindow.Duration
-		}
-		if o.ScrapeInterval != nil {
-			s.Params.ScrapeInterval = o.ScrapeInterval.Duration
-		}
+		// A duration that did not parse (see optv1.Duration) is skipped
+		// here and reported below; invalidSpec stalls such an optimizer
+		// before its settings are used.
+		duration(o.Cycle, &s.Cycle)
+		duration(o.QueryWindow, &s.Params.QueryWindow)
+		duration(o.ScrapeInterval, &s.Params.ScrapeInterval)
 		if o.DeadBandPercent != nil {
 			s.Params.DeadBand = float64(*o.DeadBandPercent) / 100
 		}
@@ -106,18 +103,12 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 		if o.MinCPUMillicores != nil {
 			s.Params.MinCPU = float64(*o.MinCPUMillicores) / 1000
 		}
-		if o.SlowStart != nil {
-			s.Params.SlowStart = o.SlowStart.Duration
-		}
-		if o.DrainTime != nil {
-			s.Params.DrainTime = o.DrainTime.Duration
-		}
+		duration(o.SlowStart, &s.Params.SlowStart)
+		duration(o.DrainTime, &s.Params.DrainTime)
 		if o.SpeedTiltPercent != nil {
 			s.Params.SpeedTilt = float64(*o.SpeedTiltPercent) / 100
 		}
-		if o.WeightExpiry != nil {
-			s.Params.Expiry = o.WeightExpiry.Duration
-		}
+		duration(o.WeightExpiry, &s.Params.Expiry)
 		if o.ShareByHardware != nil {
 			s.Params.PoolByHardware = *o.ShareByHardware
 		}
@@ -131,7 +122,15 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 	if s.RequestQuery == "-" {
 		s.RequestQuery = ""
 	}
-	if problems := s.problems(); len(problems) > 0 {
+	problems := s.problems()
+	if o := opt.Spec.Optimization; o != nil {
+		for _, f := range durationFields(o) {
+			if err := f.value.Err(); err != nil {
+				problems = append(problems, f.name+": "+err.Error())
+			}
+		}
+	}
+	if len(problems) > 0 {
 		return d.settings(opt.Spec.DryRun), fmt.Errorf("spec.optimization is invalid, operator defaults are used instead: %s", strings.Join(problems, "; "))
 	}
 	return s, nil
@@ -155,4 +154,11 @@ func (s Settings) problems() []string {
 		}
 	}
 	return problems
+}
+
+// duration sets *into from a spec field that is set and valid.
+func duration(d *optv1.Duration, into *time.Duration) {
+	if d != nil && d.Err() == nil {
+		*into = d.Duration
+	}
 }

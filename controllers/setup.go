@@ -107,7 +107,7 @@ func ownerRequest(o client.Object) []reconcile.Request {
 	if l[desired.LabelManagedBy] != desired.ManagedByValue || l[desired.LabelOptimizerName] == "" {
 		return nil
 	}
-	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: l[desired.LabelOptimizerNamespace], Name: l[desired.LabelOptimizerName]}}}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: l[desired.LabelOptimizerNamespace], Name: desired.OwnerName(o)}}}
 }
 
 // virtualServiceFQDNs lists the Kubernetes Service hosts a VirtualService

@@ -33,6 +33,9 @@ type status struct {
 	outcome        *Outcome
 	endpointsByPod map[string]desired.Endpoint
 	note           string // what the weight engine is doing, for Ready's message
+	// quiet: the weight cycle brought nothing worth a status write (see
+	// statusRefreshInterval), so the messages that quote it stay as they are.
+	quiet bool
 }
 
 type reasonMessage struct{ reason, message string }
@@ -50,6 +53,16 @@ func (s *status) degraded(reason, msg string) {
 // apply writes the conditions and fields into opt.Status.
 func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) {
 	st := &opt.Status
+	prevReady := meta.FindStatusCondition(st.Conditions, optv1.ConditionReady)
+	prevDegraded := meta.FindStatusCondition(st.Conditions, optv1.ConditionDegraded)
+	var prevReadyMsg, prevDegradedMsg string
+	if prevReady != nil {
+		prevReadyMsg = prevReady.Message
+	}
+	if prevDegraded != nil {
+		prevDegradedMsg = prevDegraded.Message
+	}
+	prevShape := [3]any{st.Host, st.Endpoints, st.OwnedObjects}
 	s.applyOptimization(opt)
 	st.ObservedGeneration = s.generation
 	if s.host != "" {
@@ -59,7 +72,19 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 		st.OwnedObjects = s.owned
 	}
 	st.Endpoints = s.endpoints
+	unchangedShape := prevShape == [3]any{st.Host, st.Endpoints, st.OwnedObjects}
 	set := func(t string, status metav1.ConditionStatus, reason, msg string) {
+		if s.quiet {
+			// Keep a message that differs only in this cycle's figures.
+			if c := meta.FindStatusCondition(st.Conditions, t); c != nil && c.Status == status && c.Reason == reason {
+				switch {
+				case t == optv1.ConditionReady && unchangedShape:
+					msg = prevReadyMsg
+				case t == optv1.ConditionDegraded && len(s.degrade) == 1 && weightReason(reason):
+					msg = prevDegradedMsg
+				}
+			}
+		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
 			Type: t, Status: status, Reason: reason, Message: msg,
 			ObservedGeneration: s.generation, LastTransitionTime: metav1.NewTime(now),
@@ -118,17 +143,16 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 		s.note = "waiting for the first optimization cycle"
 		return
 	}
-	t := metav1.NewTime(out.Time)
-	st.LastOptimizationTime = &t
-	st.WeightSpread = strconv.FormatFloat(spread(out.Result.Weights), 'f', 2, 64)
 	s.note = fmt.Sprintf("weights %s: %s", strings.ToLower(string(out.Result.Mode)), out.Result.Message)
 	if out.DryRun {
 		s.note = "dry run, weights computed but not applied: " + s.note
 	}
-	if out.DryRun || len(out.Result.Weights) <= maxStatusWeights {
-		st.Weights = statusWeights(opt, out, s.endpointsByPod)
-	} else {
-		st.Weights = nil
+	s.quiet = quietCycle(st, out)
+	if !s.quiet {
+		t := metav1.NewTime(out.Time)
+		st.LastOptimizationTime = &t
+		st.WeightSpread = strconv.FormatFloat(spread(out.Result.Weights), 'f', 2, 64)
+		st.Weights, st.WeightsTotal = statusWeights(out, s.endpointsByPod)
 	}
 	switch out.Result.Mode {
 	case weights.ModeHolding:
@@ -140,20 +164,62 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	}
 }
 
-// maxStatusWeights bounds the weights listed in status outside dry run, so
-// the object stays small for large Services (metrics have them all).
+// statusRefreshInterval is how long a weight cycle that changed nothing
+// may leave lastOptimizationTime, weightSpread, the weights list and the
+// engine's note in Ready's message as they are. The loop runs every cycle
+// (30s by default); writing the status each time would cost one API write
+// per optimizer per cycle and wake every watcher of the object for nothing.
+// These fields are refreshed at once when the weights change, the engine's
+// mode or dry run changes, and otherwise at most this often.
+const statusRefreshInterval = 5 * time.Minute
+
+// quietCycle says whether the last weight cycle is not worth a status write.
+func quietCycle(st *optv1.IstioAdaptiveRequestOptimizerStatus, out *Outcome) bool {
+	prev := st.LastOptimizationTime
+	if prev == nil || out.Result.Changed || out.Time.Before(prev.Time) || out.Time.Sub(prev.Time) >= statusRefreshInterval {
+		return false
+	}
+	ready := meta.FindStatusCondition(st.Conditions, optv1.ConditionReady)
+	if ready == nil {
+		return false
+	}
+	// The mode and dry run are the words of the note Ready's message carries.
+	sameMode := strings.Contains(ready.Message, "weights "+strings.ToLower(string(out.Result.Mode))+":")
+	sameDryRun := strings.Contains(ready.Message, "dry run, weights computed") == out.DryRun
+	return sameMode && sameDryRun
+}
+
+// weightReasons are the Degraded reasons of the weight engine, whose
+// messages quote each cycle's figures.
+func weightReason(reason string) bool {
+	switch reason {
+	case "MetricsUnavailable", "WeightsFallback", "MetricsMissing":
+		return true
+	}
+	return false
+}
+
+// maxStatusWeights bounds the weights listed in status (dry run included),
+// so the object stays small for large Services; weightsTotal has the count
+// and the endpoint_weight metric every weight.
 const maxStatusWeights = 100
 
-func statusWeights(opt *optv1.IstioAdaptiveRequestOptimizer, out *Outcome, eps map[string]desired.Endpoint) []optv1.EndpointWeight {
+// statusWeights lists the first maxStatusWeights weights by pod name, and
+// how many there are.
+func statusWeights(out *Outcome, eps map[string]desired.Endpoint) ([]optv1.EndpointWeight, int32) {
 	names := make([]string, 0, len(out.Result.Weights))
 	for n := range out.Result.Weights {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	total := int32(len(names))
+	if len(names) > maxStatusWeights {
+		names = names[:maxStatusWeights]
+	}
 	ws := make([]optv1.EndpointWeight, 0, len(names))
 	for _, n := range names {
 		ep := eps[n]
 		ws = append(ws, optv1.EndpointWeight{Pod: n, Address: ep.Address, Locality: ep.Locality, Weight: out.Result.Weights[n]})
 	}
-	return ws
+	return ws, total
 }

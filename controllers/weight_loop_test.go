@@ -125,7 +125,7 @@ func waitFor(t *testing.T, cond func() bool) {
 
 func TestSettingsForMergesSpecOverDefaults(t *testing.T) {
 	d := DefaultEngineDefaults()
-	pct := func(v int32) *int32 { return &v }
+	pct := func(v int64) *int64 { return &v }
 	opt := optimizerFor("ns", "web")
 	opt.Spec.DryRun = true
 	opt.Spec.Optimization = &optv1.Optimization{DeadBandPercent: pct(10), MaxWeightRatio: pct(4), RequestQuery: "-", MinCPUMillicores: pct(100)}

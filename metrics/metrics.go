@@ -26,6 +26,7 @@ type Metrics struct {
 	WeightSpread     *prometheus.GaugeVec
 	ServiceEndpoints *prometheus.GaugeVec
 	Condition        *prometheus.GaugeVec
+	WatchErrors      *prometheus.CounterVec
 
 	mu sync.Mutex
 	// pods remembers, per service, which pod series exist so the series of a
@@ -101,6 +102,10 @@ func New() *Metrics {
 			Name: "optimizer_status_condition",
 			Help: "1 for each status condition of an optimizer with its status and reason, so Stalled and Degraded optimizers can alert.",
 		}, []string{"namespace", "name", "type", "status", "reason"}),
+		WatchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "optimizer_watch_errors_total",
+			Help: "List and watch errors of the manager's informers, by resource; a rising count means the cache is stale (for example an object that cannot be decoded).",
+		}, []string{"resource"}),
 		pods: map[serviceKey]map[podKey]struct{}{},
 	}
 }
@@ -112,9 +117,13 @@ func (m *Metrics) SetCondition(namespace, name, typ, status, reason string) {
 	m.Condition.WithLabelValues(namespace, name, typ, status, reason).Set(1)
 }
 
-// ForgetOptimizer deletes the condition series of a deleted optimizer.
+// ForgetOptimizer deletes the condition and reconciler_errors series of a
+// deleted optimizer, so a cluster with churning optimizers does not grow
+// series without bound.
 func (m *Metrics) ForgetOptimizer(namespace, name string) {
-	m.Condition.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "name": name})
+	opt := prometheus.Labels{"namespace": namespace, "name": name}
+	m.Condition.DeletePartialMatch(opt)
+	m.ReconcilerErrors.DeletePartialMatch(opt)
 }
 
 // Collectors lists every series for registration.
@@ -122,7 +131,7 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
 		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Writes, m.Fallbacks, m.Mode,
-		m.WeightSpread, m.ServiceEndpoints, m.Condition,
+		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors,
 	}
 }
 

@@ -41,70 +41,88 @@ type ServicePort struct {
 	// +optional
 	Protocol Protocol `json:"protocol,omitempty"`
 
+	// The name pattern applies on every supported Kubernetes version; the
+	// integer range needs CEL (controller-gen puts no minimum on an
+	// int-or-string), and where CEL does not run the optimizer reports an
+	// out-of-range number as Stalled/InvalidSpec instead.
+
 	// targetPort overrides the port the pods listen on. A name is resolved
 	// through the EndpointSlice ports. Defaults to the Service's targetPort.
+	// A number must be 1-65535; a name must be an IANA service name (at most
+	// 15 lower-case letters, digits and single inner hyphens, at least one
+	// letter), as Kubernetes requires of port names.
 	// +optional
 	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) != int || (self >= 1 && self <= 65535)",message="a target port number must be between 1 and 65535"
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]+-)*[a-z0-9]*[a-z][a-z0-9]*(-[a-z0-9]+)*$`
 	TargetPort *intstr.IntOrString `json:"targetPort,omitempty"`
 }
 
 // Optimization tunes the weight engine. Every field has an operator-wide
 // default (a manager flag); set a field here to override it for one Service.
+//
+// The integer fields are int64 in Go although their ranges are small: any
+// integer the API server stores decodes into int64, so a value stored before
+// a range was enforced cannot fail the manager's list of every optimizer (an
+// int32 would overflow). Ranges are checked by the CRD and again by the
+// manager.
 type Optimization struct {
 	// cycle is how often weights are recomputed.
 	// +optional
-	Cycle *metav1.Duration `json:"cycle,omitempty"`
+	Cycle *Duration `json:"cycle,omitempty"`
 
 	// query_window is the range of the rate() in the default queries.
 	// +optional
-	QueryWindow *metav1.Duration `json:"query_window,omitempty"`
+	QueryWindow *Duration `json:"query_window,omitempty"`
 
 	// scrape_interval is how often the metrics backend scrapes the pods; the
 	// engine allows for that lag when it relates weights to observed load.
 	// +optional
-	ScrapeInterval *metav1.Duration `json:"scrape_interval,omitempty"`
+	ScrapeInterval *Duration `json:"scrape_interval,omitempty"`
 
 	// dead_band_percent: a weight that would move by less than this percent
 	// is left alone, so noise causes no ServiceEntry writes.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional
-	DeadBandPercent *int32 `json:"dead_band_percent,omitempty"`
+	DeadBandPercent *int64 `json:"dead_band_percent,omitempty"`
 
 	// max_step_percent bounds how far one weight may move in one cycle.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000
 	// +optional
-	MaxStepPercent *int32 `json:"max_step_percent,omitempty"`
+	MaxStepPercent *int64 `json:"max_step_percent,omitempty"`
 
 	// max_weight_ratio keeps every weight within [mean/ratio, mean*ratio].
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional
-	MaxWeightRatio *int32 `json:"max_weight_ratio,omitempty"`
+	MaxWeightRatio *int64 `json:"max_weight_ratio,omitempty"`
 
 	// smoothing_percent is the share of a new capacity estimate in the
 	// running estimate (100 = no smoothing).
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional
-	SmoothingPercent *int32 `json:"smoothing_percent,omitempty"`
+	SmoothingPercent *int64 `json:"smoothing_percent,omitempty"`
 
 	// min_cpu_millicores: when the pods use less CPU than this on average,
 	// weights are held (nothing to learn at low load).
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000000
 	// +optional
-	MinCPUMillicores *int32 `json:"min_cpu_millicores,omitempty"`
+	MinCPUMillicores *int64 `json:"min_cpu_millicores,omitempty"`
 
 	// slow_start ramps the weight of a new pod up over this duration.
 	// +optional
-	SlowStart *metav1.Duration `json:"slow_start,omitempty"`
+	SlowStart *Duration `json:"slow_start,omitempty"`
 
 	// drain_time: a pod that fell behind (served fewer requests than it was
 	// sent) gets less than its capacity until its backlog would clear within
 	// this time.
 	// +optional
-	DrainTime *metav1.Duration `json:"drain_time,omitempty"`
+	DrainTime *Duration `json:"drain_time,omitempty"`
 
 	// speed_tilt_percent bends weights from plain capacity shares toward
 	// faster pods (capacity x speed^(tilt/100)); a little tilt lowers tail
@@ -112,12 +130,12 @@ type Optimization struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional
-	SpeedTiltPercent *int32 `json:"speed_tilt_percent,omitempty"`
+	SpeedTiltPercent *int64 `json:"speed_tilt_percent,omitempty"`
 
 	// weight_expiry is how long the last good weights are held while the
 	// metrics backend fails; after it, weights fall back to equal.
 	// +optional
-	WeightExpiry *metav1.Duration `json:"weight_expiry,omitempty"`
+	WeightExpiry *Duration `json:"weight_expiry,omitempty"`
 
 	// share_by_hardware pools capacity estimates of pods on the same node
 	// instance type, so a new pod on known hardware starts near its weight.
@@ -199,7 +217,9 @@ type EndpointWeight struct {
 	Pod      string `json:"pod"`
 	Address  string `json:"address"`
 	Locality string `json:"locality,omitempty"`
-	Weight   uint32 `json:"weight"`
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	Weight uint32 `json:"weight"`
 }
 
 // IstioAdaptiveRequestOptimizerStatus is what the operator observed and did.
@@ -220,13 +240,18 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 
 	// endpoints is the number of ready pods in the ServiceEntry.
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
 	Endpoints int32 `json:"endpoints,omitempty"`
 
 	// ownedObjects names the objects the operator writes.
 	// +optional
 	OwnedObjects OwnedObjects `json:"ownedObjects,omitempty"`
 
-	// lastOptimizationTime is when weights were last computed.
+	// lastOptimizationTime is when weights were last computed and found to
+	// change; a cycle that changes nothing refreshes it (with weightSpread
+	// and weights) at most every 5 minutes, so the status is not rewritten
+	// every cycle.
 	// +optional
 	LastOptimizationTime *metav1.Time `json:"lastOptimizationTime,omitempty"`
 
@@ -234,9 +259,18 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// +optional
 	WeightSpread string `json:"weightSpread,omitempty"`
 
-	// weights are the last computed weights (always in dry run).
+	// weights are the last computed weights, the first 100 by pod name
+	// (endpoint_weight has them all).
 	// +optional
+	// +kubebuilder:validation:MaxItems=100
 	Weights []EndpointWeight `json:"weights,omitempty"`
+
+	// weightsTotal is the number of computed weights; weights lists at most
+	// 100 of them.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	WeightsTotal int32 `json:"weightsTotal,omitempty"`
 }
 
 // IstioAdaptiveRequestOptimizer mirrors a Service's ready pods into a weighted

@@ -184,6 +184,12 @@ func Compute(in Input) Result {
 	if opt.Routing() == optv1.RoutingVirtualService {
 		r.VirtualService = virtualService(r, passThroughPorts(in.Service, r.Ports), labels)
 	}
+	if a := ownedAnnotations(opt.Name); a != nil {
+		r.ServiceEntry.Annotations, r.DestinationRule.Annotations = a, a
+		if r.VirtualService != nil {
+			r.VirtualService.Annotations = a
+		}
+	}
 	scope(&r)
 	if p := carryUserDestinationRule(in, &r); len(p) > 0 {
 		r.Problems = append(r.Problems, p...)
@@ -196,7 +202,7 @@ func Compute(in Input) Result {
 func OwnedLabels(opt *optv1.IstioAdaptiveRequestOptimizer) map[string]string {
 	return map[string]string{
 		LabelManagedBy:          ManagedByValue,
-		LabelOptimizerName:      opt.Name,
+		LabelOptimizerName:      NameLabelValue(opt.Name),
 		LabelOptimizerNamespace: opt.Namespace,
 	}
 }
@@ -204,5 +210,5 @@ func OwnedLabels(opt *optv1.IstioAdaptiveRequestOptimizer) map[string]string {
 // IsOwnedBy says whether an object carries the labels of this optimizer.
 func IsOwnedBy(obj metav1.Object, opt *optv1.IstioAdaptiveRequestOptimizer) bool {
 	l := obj.GetLabels()
-	return l[LabelManagedBy] == ManagedByValue && l[LabelOptimizerName] == opt.Name && l[LabelOptimizerNamespace] == opt.Namespace
+	return l[LabelManagedBy] == ManagedByValue && l[LabelOptimizerName] == NameLabelValue(opt.Name) && l[LabelOptimizerNamespace] == opt.Namespace
 }

@@ -61,6 +61,8 @@ type Config struct {
 	// Headers are added to every request, for example X-Scope-OrgID for Mimir,
 	// Cortex or Loki-style multi-tenancy.
 	Headers map[string]string
+	// FileCredentials are basic auth and headers read from files.
+	FileCredentials
 }
 
 // Source queries one backend. It is safe for concurrent use; share one Source

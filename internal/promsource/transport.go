@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -25,6 +26,20 @@ func (e *CredentialsError) Error() string {
 }
 
 func (e *CredentialsError) Unwrap() error { return e.Err }
+
+// FileCredentials are secrets read from files on every request, so that no
+// secret shows in the manager's arguments (visible in the pod spec and the
+// process list) and a rotated, mounted Secret is picked up without a restart.
+type FileCredentials struct {
+	// BasicAuthUsername and the password in BasicAuthPasswordFile are sent
+	// as basic auth. Mutually exclusive with a bearer token, an
+	// Authorization header and user info in the URL.
+	BasicAuthUsername     string
+	BasicAuthPasswordFile string
+	// HeaderFiles maps a header name to a file holding its value (for
+	// example X-Scope-OrgID or an API key header).
+	HeaderFiles map[string]string
+}
 
 // newTransport builds the HTTP transport: TLS settings, then a wrapper that adds
 // the bearer token and the extra headers to every request.
@@ -76,6 +91,9 @@ func newTransport(cfg Config) (*authTransport, error) {
 			return nil, err
 		}
 	}
+	if err := checkFileCredentials(cfg, headers); err != nil {
+		return nil, err
+	}
 
 	base := &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
@@ -96,7 +114,43 @@ func newTransport(cfg Config) (*authTransport, error) {
 		headers:   headers,
 		token:     cfg.BearerToken,
 		tokenFile: cfg.BearerTokenFile,
+		files:     cfg.FileCredentials,
 	}, nil
+}
+
+// checkFileCredentials refuses contradictory credentials and reads every
+// file once, so a wrong path fails at start rather than at the first query.
+func checkFileCredentials(cfg Config, headers http.Header) error {
+	f := cfg.FileCredentials
+	if f.BasicAuthPasswordFile != "" || f.BasicAuthUsername != "" {
+		if f.BasicAuthUsername == "" || f.BasicAuthPasswordFile == "" {
+			return errors.New("basic auth needs both a username and a password file")
+		}
+		if cfg.BearerToken != "" || cfg.BearerTokenFile != "" || headers.Get("Authorization") != "" || f.HeaderFiles["Authorization"] != "" {
+			return errors.New("basic auth and a bearer token or Authorization header are mutually exclusive")
+		}
+		if u, err := url.Parse(cfg.URL); err == nil && u.User != nil {
+			return errors.New("basic auth from a password file and user info in the URL are mutually exclusive")
+		}
+		if _, err := readSecret(f.BasicAuthPasswordFile); err != nil {
+			return err
+		}
+	}
+	for name, file := range f.HeaderFiles {
+		if name == "" || strings.ContainsAny(name, " \t\r\n:") {
+			return fmt.Errorf("invalid header name %q", name)
+		}
+		if headers.Get(name) != "" {
+			return fmt.Errorf("header %q is given both as a value and as a file", name)
+		}
+		if http.CanonicalHeaderKey(name) == "Authorization" && (cfg.BearerToken != "" || cfg.BearerTokenFile != "") {
+			return errors.New("an Authorization header and a bearer token are mutually exclusive")
+		}
+		if _, err := readSecret(file); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // authTransport adds credentials and headers to each request.
@@ -105,6 +159,32 @@ type authTransport struct {
 	headers   http.Header
 	token     string
 	tokenFile string
+	files     FileCredentials
+}
+
+// fileHeaders reads the credentials kept in files, on every request (one
+// per optimizer per cycle), so rotation is picked up at once.
+func (t *authTransport) fileHeaders() (http.Header, error) {
+	if t.files.BasicAuthPasswordFile == "" && len(t.files.HeaderFiles) == 0 {
+		return nil, nil
+	}
+	h := http.Header{}
+	if t.files.BasicAuthPasswordFile != "" {
+		pw, err := readSecret(t.files.BasicAuthPasswordFile)
+		if err != nil {
+			return nil, err
+		}
+		r := http.Request{Header: h}
+		r.SetBasicAuth(t.files.BasicAuthUsername, pw)
+	}
+	for name, file := range t.files.HeaderFiles {
+		v, err := readSecret(file)
+		if err != nil {
+			return nil, err
+		}
+		h.Set(name, v)
+	}
+	return h, nil
 }
 
 func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -120,16 +200,25 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
-	if token == "" && len(t.headers) == 0 {
+	fromFiles, err := t.fileHeaders()
+	if err != nil {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, err
+	}
+	if token == "" && len(t.headers) == 0 && len(fromFiles) == 0 {
 		return t.base.RoundTrip(req)
 	}
 	r := req.Clone(req.Context())
-	for k, vs := range t.headers {
-		if k == "Host" {
-			r.Host = vs[0]
-			continue
+	for _, hs := range []http.Header{t.headers, fromFiles} {
+		for k, vs := range hs {
+			if k == "Host" {
+				r.Host = vs[0]
+				continue
+			}
+			r.Header[k] = vs
 		}
-		r.Header[k] = vs
 	}
 	if token != "" {
 		r.Header.Set("Authorization", "Bearer "+token)
@@ -138,6 +227,23 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (t *authTransport) CloseIdleConnections() { t.base.CloseIdleConnections() }
+
+// readSecret reads a password or header value: surrounding white space
+// (a trailing newline from `echo` or an editor) is dropped.
+func readSecret(file string) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", &CredentialsError{File: file, Err: err}
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return "", &CredentialsError{File: file, Err: errors.New("file is empty")}
+	}
+	if strings.ContainsAny(v, "\r\n") {
+		return "", &CredentialsError{File: file, Err: errors.New("value contains a line break")}
+	}
+	return v, nil
+}
 
 func readToken(file string) (string, error) {
 	b, err := os.ReadFile(file)

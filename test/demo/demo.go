@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -462,9 +461,9 @@ func (d *demo) createOptimizer(ctx context.Context) error {
 	opt := fx.Optimizer(namespace, serviceName, serviceName, optv1.ServicePort{Number: servicePort, Protocol: optv1.ProtocolHTTP})
 	opt.Spec.DryRun = true
 	opt.Spec.Optimization = &optv1.Optimization{
-		Cycle:          &metav1.Duration{Duration: d.cfg.Cycle.Duration},
-		QueryWindow:    &metav1.Duration{Duration: d.queryWindow()},
-		ScrapeInterval: &metav1.Duration{Duration: scrapeInterval},
+		Cycle:          &optv1.Duration{Duration: d.cfg.Cycle.Duration},
+		QueryWindow:    &optv1.Duration{Duration: d.queryWindow()},
+		ScrapeInterval: &optv1.Duration{Duration: scrapeInterval},
 	}
 	if err := d.c.Create(ctx, opt); err != nil {
 		return fmt.Errorf("create optimizer: %w", err)

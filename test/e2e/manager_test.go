@@ -58,6 +58,7 @@ func TestManagerBinaryAgainstKubeconfig(t *testing.T) {
 	cmd := exec.Command(bin,
 		"--metrics-bind-address", metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address", probeAddr,
+		"--leader-elect=false", // one manager, outside a cluster
 		"--vmdb-url", "http://127.0.0.1:1/select/0/prometheus",
 		// A restricted watch must still read cluster-scoped Nodes.
 		"--watch-namespaces", "shop,other",

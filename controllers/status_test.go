@@ -1,0 +1,82 @@
+package controllers
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
+)
+
+// TestStatusIsNotRewrittenEveryCycle: a weight cycle that changes nothing
+// leaves the status as it is (no API write), and the fields that quote it
+// are refreshed when the weights, the mode or dry run change, or after
+// statusRefreshInterval.
+func TestStatusIsNotRewrittenEveryCycle(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	opt := &optv1.IstioAdaptiveRequestOptimizer{}
+	w := map[string]uint32{"a": 1000, "b": 1200}
+	outcome := func(at time.Duration, mode weights.Mode, changed, dryRun bool, gap float64) *Outcome {
+		return &Outcome{Time: t0.Add(at), DryRun: dryRun, Result: weights.Result{
+			Mode: mode, Changed: changed, Weights: w,
+			Message: fmt.Sprintf("the largest gap to a target, %.1f%%, is inside the dead band", gap),
+		}}
+	}
+	// cycle applies one reconcile after a weight cycle and says whether the
+	// status changed (whether it would be written).
+	cycle := func(out *Outcome) bool {
+		before := opt.Status.DeepCopy()
+		st := newStatus(opt)
+		st.host, st.endpoints = "web.shop.adaptive", 2
+		st.owned = optv1.OwnedObjects{Namespace: "shop", ServiceEntry: "web-adaptive", DestinationRule: "web-adaptive"}
+		st.optimization(out, true)
+		st.apply(opt, out.Time)
+		return !equalStatus(before, &opt.Status)
+	}
+	steps := []struct {
+		name  string
+		out   *Outcome
+		write bool
+	}{
+		{"first cycle", outcome(0, weights.ModeOptimizing, true, false, 9), true},
+		{"steady cycle, new figures", outcome(30*time.Second, weights.ModeSteady, false, false, 1.2), true}, // mode changed
+		{"steady again", outcome(60*time.Second, weights.ModeSteady, false, false, 1.7), false},
+		{"steady again", outcome(90*time.Second, weights.ModeSteady, false, false, 0.4), false},
+		{"low load", outcome(120*time.Second, weights.ModeLowLoad, false, false, 0), true},
+		{"low load again", outcome(150*time.Second, weights.ModeLowLoad, false, false, 0), false},
+		{"weights moved", outcome(180*time.Second, weights.ModeLowLoad, true, false, 0), true},
+		{"dry run switched on", outcome(210*time.Second, weights.ModeLowLoad, false, true, 0), true},
+		{"quiet", outcome(240*time.Second, weights.ModeLowLoad, false, true, 0), false},
+		{"refresh after the interval", outcome(210*time.Second+statusRefreshInterval, weights.ModeLowLoad, false, true, 0), true},
+	}
+	for i, s := range steps {
+		if got := cycle(s.out); got != s.write {
+			t.Fatalf("step %d (%s): status changed = %v, want %v; status %+v", i, s.name, got, s.write, opt.Status)
+		}
+		if s.write && !opt.Status.LastOptimizationTime.Time.Equal(s.out.Time) {
+			t.Errorf("step %d (%s): lastOptimizationTime = %v, want %v", i, s.name, opt.Status.LastOptimizationTime, s.out.Time)
+		}
+	}
+}
+
+// TestStatusListsAtMost100Weights: a dry run of 4096 pods lists 100 weights
+// and their total count.
+func TestStatusListsAtMost100Weights(t *testing.T) {
+	w := map[string]uint32{}
+	for i := range 4096 {
+		w[fmt.Sprintf("pod-%04d", i)] = uint32(1000 + i)
+	}
+	for _, dryRun := range []bool{true, false} {
+		opt := &optv1.IstioAdaptiveRequestOptimizer{}
+		st := newStatus(opt)
+		st.optimization(&Outcome{Time: time.Unix(1, 0), DryRun: dryRun, Result: weights.Result{Mode: weights.ModeOptimizing, Changed: true, Weights: w}}, true)
+		st.apply(opt, time.Unix(1, 0))
+		if len(opt.Status.Weights) != maxStatusWeights || opt.Status.WeightsTotal != 4096 {
+			t.Errorf("dry run %v: %d weights listed, total %d; want %d and 4096", dryRun, len(opt.Status.Weights), opt.Status.WeightsTotal, maxStatusWeights)
+		}
+		if opt.Status.Weights[0].Pod != "pod-0000" || opt.Status.Weights[99].Pod != "pod-0099" {
+			t.Errorf("dry run %v: listed %s..%s, want the first by name", dryRun, opt.Status.Weights[0].Pod, opt.Status.Weights[99].Pod)
+		}
+	}
+}
