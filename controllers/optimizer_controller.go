@@ -54,7 +54,13 @@ type MirrorReconciler struct {
 	Defaults      EngineDefaults
 	ClusterDomain string
 	MaxConcurrent int
-	DenyCrossNS   bool
+	// CrossNamespace says which optimizers may name a Service in another
+	// namespace.
+	CrossNamespace NamespaceGate
+	// CustomQueries says which optimizers may bring their own queries.
+	CustomQueries NamespaceGate
+	// Hosts decides whether an optimizer may use its optimized host.
+	Hosts *HostClaims
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
@@ -119,8 +125,17 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.failed("RetargetFailed", err.Error())
 		return ctrl.Result{}, err
 	}
-	if msg := crossNamespaceDenied(opt, r.DenyCrossNS); msg != "" {
+	if msg := crossNamespaceDenied(opt, r.CrossNamespace); msg != "" {
 		st.stalled("CrossNamespaceDenied", msg)
+		return ctrl.Result{}, nil
+	}
+	if p, err := r.Hosts.Check(ctx, opt); err != nil {
+		st.failed("ReadFailed", err.Error())
+		return ctrl.Result{}, err
+	} else if p != nil {
+		// The loser never writes: what is live stays as it is.
+		st.stalled(p.Reason, p.Message)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", "%s", p.Message)
 		return ctrl.Result{}, nil
 	}
 	settings, serr := settingsFor(opt, r.Defaults)
@@ -495,14 +510,4 @@ func errorType(err error) string {
 		return "timeout"
 	}
 	return "other"
-}
-
-// crossNamespaceDenied explains why an optimizer may not reach into another
-// namespace, or returns "".
-func crossNamespaceDenied(opt *optv1.IstioAdaptiveRequestOptimizer, deny bool) string {
-	if !deny || opt.TargetNamespace() == opt.Namespace {
-		return ""
-	}
-	return fmt.Sprintf("service_namespace %q differs from the optimizer's namespace %q and the manager runs with --deny-cross-namespace; create the optimizer in %q instead",
-		opt.TargetNamespace(), opt.Namespace, opt.TargetNamespace())
 }

@@ -176,18 +176,25 @@ func CheckHost(claim HostClaim, rules HostRules, others []HostClaim, holders []H
 		if h.Note != "" {
 			msg += " (" + h.Note + ")"
 		}
-		return &Problem{Reason: ReasonHostTaken, Fatal: true, Message: msg + "; the operator does not take a host from its holder. Choose another spec.host, or leave it empty for " +
-			DefaultHost(claim.ServiceName, claim.ServiceNamespace)}
+		return &Problem{Reason: ReasonHostTaken, Fatal: true, Message: msg + "; the operator does not take a host from its holder. " + otherHost(claim)}
 	}
 	if msg := rules.hostNotAllowed(host, claim.ServiceNamespace); msg != "" {
 		return &Problem{Reason: ReasonHostNotAllowed, Fatal: true, Message: msg}
 	}
 	if w := firstClaim(claim, rules, others); w != nil {
 		return &Problem{Reason: ReasonHostTaken, Fatal: true, Message: fmt.Sprintf(
-			"host %q is already claimed by optimizer %s/%s (Service %s/%s), which came first; it keeps the host. Choose another spec.host, or leave it empty for %s",
-			host, w.Namespace, w.Name, w.ServiceNamespace, w.ServiceName, DefaultHost(claim.ServiceName, claim.ServiceNamespace))}
+			"host %q is already claimed by optimizer %s/%s (Service %s/%s), which came first; it keeps the host. %s",
+			host, w.Namespace, w.Name, w.ServiceNamespace, w.ServiceName, otherHost(claim))}
 	}
 	return nil
+}
+
+// otherHost tells the loser of a host what to do.
+func otherHost(claim HostClaim) string {
+	if def := DefaultHost(claim.ServiceName, claim.ServiceNamespace); claim.Host != def {
+		return "Choose another spec.host, or leave it empty for " + def
+	}
+	return "Set spec.host to another name under ." + claim.ServiceNamespace + "." + adaptiveSuffix + " or an allowed suffix, or remove the holder"
 }
 
 // firstClaim returns the claim among others that comes before claim for
@@ -198,6 +205,11 @@ func firstClaim(claim HostClaim, rules HostRules, others []HostClaim) *HostClaim
 	for i := range others {
 		o := &others[i]
 		if o.Host != claim.Host || o.Deleting || o.Barred || (o.Namespace == claim.Namespace && o.Name == claim.Name) {
+			continue
+		}
+		if o.ServiceNamespace == claim.ServiceNamespace && o.ServiceName == claim.ServiceName {
+			// Two optimizers of one Service write objects of one name; the
+			// object conflict rule (who owns them) decides between them.
 			continue
 		}
 		if invalidHost(o.Host, rules.ClusterDomain) != "" || rules.hostNotAllowed(o.Host, o.ServiceNamespace) != "" {
@@ -236,4 +248,18 @@ func ServiceHostName(host, clusterDomain string) (namespace, service string, ok 
 		return "", "", false
 	}
 	return namespace, service, true
+}
+
+// SuffixProblem explains why an administrator's allowed host suffix is
+// unusable, or returns "". A suffix that would let teams name Kubernetes
+// Service hosts is refused.
+func SuffixProblem(suffix string) string {
+	s := strings.Trim(strings.ToLower(strings.TrimSpace(suffix)), ".")
+	if why := dnsSyntax(s); why != "" {
+		return fmt.Sprintf("suffix %q is not a DNS name: it %s", suffix, why)
+	}
+	if s == "svc" || strings.HasPrefix(s, "svc.") || strings.Contains(s, ".svc.") || s == adaptiveSuffix {
+		return fmt.Sprintf("suffix %q would let teams name Kubernetes Service hosts or other namespaces' .adaptive names", suffix)
+	}
+	return ""
 }

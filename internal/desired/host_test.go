@@ -149,6 +149,10 @@ func TestCheckHostDecidesWhoOwnsAHost(t *testing.T) {
 			me:     claim("a", "o", "a", "web.a.adaptive", time.Hour),
 			others: []HostClaim{claim("b", "thief", "b", "web.a.adaptive", 0, holds)},
 		},
+		"another optimizer of the same Service is left to the object conflict rule": {
+			me:     claim("a", "again", "a", "web.a.adaptive", time.Hour),
+			others: []HostClaim{claim("a", "o", "a", "web.a.adaptive", 0, holds)},
+		},
 		"other hosts do not matter": {
 			me:     claim("a", "o", "a", "web.a.adaptive", time.Hour),
 			others: []HostClaim{claim("a", "x", "a", "api.a.adaptive", 0)},
@@ -212,8 +216,8 @@ func FuzzCheckHost(f *testing.F) {
 	rules := HostRules{AllowedSuffixes: []string{"mesh.example.com"}}
 	f.Fuzz(func(t *testing.T, host, nsA, nsB string, ageGap int64, holdsB bool) {
 		t0 := time.Unix(0, 0)
-		a := HostClaim{Namespace: nsA, Name: "a", ServiceNamespace: nsA, ServiceName: "web", Host: host, Created: t0}
-		b := HostClaim{Namespace: nsB, Name: "b", ServiceNamespace: nsB, ServiceName: "web", Host: host, Created: t0.Add(time.Duration(ageGap)), Holds: holdsB}
+		a := HostClaim{Namespace: nsA, Name: "a", ServiceNamespace: nsA, ServiceName: "web-a", Host: host, Created: t0}
+		b := HostClaim{Namespace: nsB, Name: "b", ServiceNamespace: nsB, ServiceName: "web-b", Host: host, Created: t0.Add(time.Duration(ageGap)), Holds: holdsB}
 		pa := CheckHost(a, rules, []HostClaim{b}, nil)
 		pb := CheckHost(b, rules, []HostClaim{a}, nil)
 		for _, c := range []struct {
