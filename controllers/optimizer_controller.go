@@ -362,16 +362,16 @@ func (r *MirrorReconciler) apply(ctx context.Context, opt *optv1.IstioAdaptiveRe
 	if err := own(res.ServiceEntry); err != nil {
 		return err
 	}
-	items = append(items, item{"ServiceEntry", res.ServiceEntry, live.se != nil && desired.UpToDate(res.ServiceEntry, live.se, &res.ServiceEntry.Spec, &live.se.Spec)})
+	items = append(items, item{"ServiceEntry", res.ServiceEntry, live.se != nil && desired.UpToDate(FieldManager, res.ServiceEntry, live.se, &res.ServiceEntry.Spec, &live.se.Spec)})
 	if err := own(res.DestinationRule); err != nil {
 		return err
 	}
-	items = append(items, item{"DestinationRule", res.DestinationRule, live.dr != nil && desired.UpToDate(res.DestinationRule, live.dr, &res.DestinationRule.Spec, &live.dr.Spec)})
+	items = append(items, item{"DestinationRule", res.DestinationRule, live.dr != nil && desired.UpToDate(FieldManager, res.DestinationRule, live.dr, &res.DestinationRule.Spec, &live.dr.Spec)})
 	if res.VirtualService != nil {
 		if err := own(res.VirtualService); err != nil {
 			return err
 		}
-		items = append(items, item{"VirtualService", res.VirtualService, live.vs != nil && desired.UpToDate(res.VirtualService, live.vs, &res.VirtualService.Spec, &live.vs.Spec)})
+		items = append(items, item{"VirtualService", res.VirtualService, live.vs != nil && desired.UpToDate(FieldManager, res.VirtualService, live.vs, &res.VirtualService.Spec, &live.vs.Spec)})
 	}
 	// The ServiceEntry goes first and the VirtualService last, so traffic is
 	// only routed to the optimized host once it has endpoints.
