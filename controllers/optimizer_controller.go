@@ -138,7 +138,11 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", "%s", p.Message)
 		return ctrl.Result{}, nil
 	}
-	settings, serr := settingsFor(opt, r.Defaults)
+	withQueries, qmsg := withAllowedQueries(opt, r.CustomQueries)
+	if qmsg != "" {
+		st.degraded(ReasonCustomQueryNotAllowed, qmsg)
+	}
+	settings, serr := settingsFor(withQueries, r.Defaults)
 	if serr != nil {
 		st.degraded("InvalidOptimization", serr.Error())
 	}

@@ -2,8 +2,12 @@ package controllers
 
 import (
 	"flag"
+	"reflect"
 	"strings"
 	"testing"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
 )
 
 func TestCrossNamespaceDenied(t *testing.T) {
@@ -58,5 +62,48 @@ func TestTenancyFlags(t *testing.T) {
 		if o := parse("--allowed-host-suffixes=" + bad); o.Validate() == nil {
 			t.Errorf("--allowed-host-suffixes=%s accepted", bad)
 		}
+	}
+}
+
+// Every *_query field of the API, present and future, is subject to the gate.
+func TestCustomQueriesNeedTheAdministrator(t *testing.T) {
+	opt := optimizerFor("team-a", "web")
+	opt.Spec.Optimization = &optv1.Optimization{}
+	v := reflect.ValueOf(opt.Spec.Optimization).Elem()
+	var fields []string
+	for i := range v.NumField() {
+		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		if strings.HasSuffix(name, "_query") {
+			v.Field(i).SetString(`sum by (pod) (up{namespace="other"})`)
+			fields = append(fields, name)
+		}
+	}
+	if len(fields) < 2 {
+		t.Fatalf("found query fields %v, want at least cpu_query and request_query", fields)
+	}
+
+	got, msg := withAllowedQueries(opt, NamespaceGate{})
+	for _, f := range fields {
+		if !strings.Contains(msg, f) {
+			t.Errorf("message %q does not name %s", msg, f)
+		}
+	}
+	s, err := settingsFor(got, DefaultEngineDefaults())
+	if err != nil || s.CPUQuery != promsource.DefaultCPUQuery || s.RequestQuery != promsource.DefaultRequestQuery {
+		t.Errorf("refused templates are not replaced by the defaults: %q %q %v", s.CPUQuery, s.RequestQuery, err)
+	}
+	if opt.Spec.Optimization.CPUQuery == "" {
+		t.Error("the optimizer read from the cache was modified")
+	}
+
+	for _, gate := range []NamespaceGate{{All: true}, {Namespaces: []string{"team-a"}}} {
+		if same, msg := withAllowedQueries(opt, gate); same != opt || msg != "" {
+			t.Errorf("gate %+v refused: %q", gate, msg)
+		}
+	}
+	cpuOnly := optimizerFor("team-a", "web")
+	cpuOnly.Spec.Optimization = &optv1.Optimization{RequestQuery: "-"}
+	if _, msg := withAllowedQueries(cpuOnly, NamespaceGate{}); msg != "" {
+		t.Errorf(`request_query "-" (CPU only) refused: %q`, msg)
 	}
 }
