@@ -46,6 +46,9 @@ func (h *HostClaims) Check(ctx context.Context, opt *optv1.IstioAdaptiveRequestO
 		return nil, nil
 	}
 	host := opt.OptimizedHost()
+	if p := desired.CheckHost(h.claim(opt, nil), h.Rules, nil, nil); p != nil && p.Reason == desired.ReasonInvalidHost {
+		return p, nil // not a name anyone could hold: nothing to read
+	}
 	opts := &optv1.IstioAdaptiveRequestOptimizerList{}
 	if err := h.Client.List(ctx, opts, client.MatchingFields{indexOptimizedHost: host}); err != nil {
 		return nil, fmt.Errorf("list optimizers of host %s: %w", host, err)

@@ -1,12 +1,14 @@
 package controllers
 
 import (
+	"context"
 	"flag"
 	"reflect"
 	"strings"
 	"testing"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
 )
 
@@ -105,5 +107,20 @@ func TestCustomQueriesNeedTheAdministrator(t *testing.T) {
 	cpuOnly.Spec.Optimization = &optv1.Optimization{RequestQuery: "-"}
 	if _, msg := withAllowedQueries(cpuOnly, NamespaceGate{}); msg != "" {
 		t.Errorf(`request_query "-" (CPU only) refused: %q`, msg)
+	}
+}
+
+// At runtime (an optimizer created under a CRD without the spec.host
+// pattern) the host-claim step refuses a host that is not a DNS name before
+// it reads or writes anything: its client is nil here.
+func TestHostClaimRefusesInvalidHostsAtRuntime(t *testing.T) {
+	hosts := &HostClaims{Rules: desired.HostRules{AllowedSuffixes: []string{"shared.example"}}}
+	for _, host := range []string{"Bad_Host!.example", "a..b", "web.fast.internal:8080", strings.Repeat("a", 64) + ".team-a.adaptive"} {
+		opt := optimizerFor("team-a", "web")
+		opt.Spec.Host = host
+		p, err := hosts.Check(context.Background(), opt)
+		if err != nil || p == nil || p.Reason != desired.ReasonInvalidHost || !p.Fatal || !strings.Contains(p.Message, host) {
+			t.Errorf("host %q: problem %+v, error %v; want a fatal InvalidHost naming it", host, p, err)
+		}
 	}
 }
