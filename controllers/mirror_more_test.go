@@ -445,8 +445,9 @@ func TestDeletionRemovesOwnedObjects(t *testing.T) {
 			webService(t, svcNS, Ready("web-0", IP(16, 1), "node-a-"+svcNS))
 			opt := Optimizer(svcNS, "web", "web")
 			if tc.otherNamespace {
-				optNS = newNamespace(t)
-				opt = Optimizer(optNS, "web-optimizer", "web")
+				// Only the platform namespace may target others (suite_test.go).
+				optNS = sharedNamespace(t, platformNamespace)
+				opt = Optimizer(optNS, "web-"+svcNS, "web")
 				opt.Spec.ServiceNamespace = svcNS
 			}
 			mustCreate(t, opt)

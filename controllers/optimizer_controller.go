@@ -54,7 +54,13 @@ type MirrorReconciler struct {
 	Defaults      EngineDefaults
 	ClusterDomain string
 	MaxConcurrent int
-	DenyCrossNS   bool
+	// CrossNamespace says which optimizers may name a Service in another
+	// namespace.
+	CrossNamespace NamespaceGate
+	// CustomQueries says which optimizers may bring their own queries.
+	CustomQueries NamespaceGate
+	// Hosts decides whether an optimizer may use its optimized host.
+	Hosts *HostClaims
 	// DefaultExportTo is the mesh's defaultServiceExportTo (nil: "*").
 	DefaultExportTo []string
 }
@@ -132,11 +138,24 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.failed("RetargetFailed", err.Error())
 		return ctrl.Result{}, err
 	}
-	if msg := crossNamespaceDenied(opt, r.DenyCrossNS); msg != "" {
+	if msg := crossNamespaceDenied(opt, r.CrossNamespace); msg != "" {
 		st.stalled("CrossNamespaceDenied", msg)
 		return ctrl.Result{}, nil
 	}
-	settings, serr := settingsFor(opt, r.Defaults)
+	if p, err := r.Hosts.Check(ctx, opt); err != nil {
+		st.failed("ReadFailed", err.Error())
+		return ctrl.Result{}, err
+	} else if p != nil {
+		// The loser never writes: what is live stays as it is.
+		st.stalled(p.Reason, p.Message)
+		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", "%s", p.Message)
+		return ctrl.Result{}, nil
+	}
+	withQueries, qmsg := withAllowedQueries(opt, r.CustomQueries)
+	if qmsg != "" {
+		st.degraded(ReasonCustomQueryNotAllowed, qmsg)
+	}
+	settings, serr := settingsFor(withQueries, r.Defaults)
 	if serr != nil {
 		st.degraded("InvalidOptimization", serr.Error())
 	}
@@ -363,16 +382,16 @@ func (r *MirrorReconciler) apply(ctx context.Context, opt *optv1.IstioAdaptiveRe
 	if err := own(res.ServiceEntry); err != nil {
 		return err
 	}
-	items = append(items, item{"ServiceEntry", res.ServiceEntry, live.se != nil && desired.UpToDate(res.ServiceEntry, live.se, &res.ServiceEntry.Spec, &live.se.Spec)})
+	items = append(items, item{"ServiceEntry", res.ServiceEntry, live.se != nil && desired.UpToDate(FieldManager, res.ServiceEntry, live.se, &res.ServiceEntry.Spec, &live.se.Spec)})
 	if err := own(res.DestinationRule); err != nil {
 		return err
 	}
-	items = append(items, item{"DestinationRule", res.DestinationRule, live.dr != nil && desired.UpToDate(res.DestinationRule, live.dr, &res.DestinationRule.Spec, &live.dr.Spec)})
+	items = append(items, item{"DestinationRule", res.DestinationRule, live.dr != nil && desired.UpToDate(FieldManager, res.DestinationRule, live.dr, &res.DestinationRule.Spec, &live.dr.Spec)})
 	if res.VirtualService != nil {
 		if err := own(res.VirtualService); err != nil {
 			return err
 		}
-		items = append(items, item{"VirtualService", res.VirtualService, live.vs != nil && desired.UpToDate(res.VirtualService, live.vs, &res.VirtualService.Spec, &live.vs.Spec)})
+		items = append(items, item{"VirtualService", res.VirtualService, live.vs != nil && desired.UpToDate(FieldManager, res.VirtualService, live.vs, &res.VirtualService.Spec, &live.vs.Spec)})
 	}
 	// The ServiceEntry goes first and the VirtualService last, so traffic is
 	// only routed to the optimized host once it has endpoints.
@@ -511,14 +530,4 @@ func errorType(err error) string {
 		return "timeout"
 	}
 	return "other"
-}
-
-// crossNamespaceDenied explains why an optimizer may not reach into another
-// namespace, or returns "".
-func crossNamespaceDenied(opt *optv1.IstioAdaptiveRequestOptimizer, deny bool) string {
-	if !deny || opt.TargetNamespace() == opt.Namespace {
-		return ""
-	}
-	return fmt.Sprintf("service_namespace %q differs from the optimizer's namespace %q and the manager runs with --deny-cross-namespace; create the optimizer in %q instead",
-		opt.TargetNamespace(), opt.Namespace, opt.TargetNamespace())
 }

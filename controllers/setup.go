@@ -64,7 +64,7 @@ func (r *MirrorReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 		return ownerRequest(o)
 	})
 
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(mirrorControllerName).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(1, r.MaxConcurrent)}).
 		For(&optv1.IstioAdaptiveRequestOptimizer{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}, deletionPredicate()))).
@@ -91,8 +91,14 @@ func (r *MirrorReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 			}
 			return out
 		})).
-		WatchesRawSource(source.Channel(r.Wake, &handler.EnqueueRequestForObject{})).
-		Complete(r)
+		WatchesRawSource(source.Channel(r.Wake, &handler.EnqueueRequestForObject{}))
+	if r.Hosts != nil {
+		var err error
+		if b, err = r.Hosts.setup(ctx, mgr, b); err != nil {
+			return err
+		}
+	}
+	return b.Complete(r)
 }
 
 func deletionPredicate() predicate.Funcs {

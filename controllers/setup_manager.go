@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
@@ -24,10 +26,18 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// Engine holds the defaults of every optimization setting.
 	Engine EngineDefaults
-	// DenyCrossNamespace refuses optimizers whose service_namespace is not
-	// their own, for clusters where namespace owners must not write routing
-	// objects into each other's namespaces.
-	DenyCrossNamespace bool
+	// CrossNamespace: which optimizers may name a Service in another
+	// namespace (the operator then writes routing objects there). Off by
+	// default: in a cluster shared by teams, whoever may create an optimizer
+	// would otherwise reroute any team's Service.
+	CrossNamespace NamespaceGate
+	// AllowedHostSuffixes are DNS suffixes any team may name its optimized
+	// host under, besides <service_namespace>.adaptive.
+	AllowedHostSuffixes []string
+	// CustomQueries: which optimizers may set their own query templates
+	// (cpu_query, request_query). They run with the operator's metrics
+	// credentials, so they are off by default.
+	CustomQueries NamespaceGate
 	// DefaultExportTo is the mesh's defaultServiceExportTo, comma-separated:
 	// the export scope of Services without a networking.istio.io/exportTo
 	// annotation, which the owned objects then keep.
@@ -37,7 +47,19 @@ type Options struct {
 // BindFlags registers the options as flags.
 func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxConcurrentReconciles, "max-concurrent-reconciles", 4, "Optimizers mirrored in parallel.")
-	fs.BoolVar(&o.DenyCrossNamespace, "deny-cross-namespace", false, "Refuse optimizers whose service_namespace differs from their own namespace (they would write routing objects in another namespace).")
+	fs.BoolVar(&o.CrossNamespace.All, "allow-cross-namespace", false, "Let every optimizer name a Service in another namespace (service_namespace); the operator then writes routing objects in that namespace.")
+	fs.Func("cross-namespace-namespaces", "Comma-separated namespaces whose optimizers may name a Service in another namespace (for example a platform team's).", listFlag(&o.CrossNamespace.Namespaces))
+	fs.BoolFunc("deny-cross-namespace", "Deprecated: cross-namespace targeting is off unless --allow-cross-namespace; --deny-cross-namespace=false acts as --allow-cross-namespace.", func(s string) error {
+		deny, err := strconv.ParseBool(s)
+		if err != nil {
+			return err
+		}
+		o.CrossNamespace.All = !deny
+		return nil
+	})
+	fs.Func("allowed-host-suffixes", "Comma-separated DNS suffixes (e.g. mesh.example.com) under which any team may name its optimized host (spec.host), besides <service_namespace>.adaptive.", listFlag(&o.AllowedHostSuffixes))
+	fs.BoolVar(&o.CustomQueries.All, "allow-custom-queries", false, "Let every optimizer set its own query templates (spec.optimization.*_query); they run with the operator's metrics credentials.")
+	fs.Func("custom-query-namespaces", "Comma-separated namespaces whose optimizers may set their own query templates.", listFlag(&o.CustomQueries.Namespaces))
 	fs.StringVar(&o.DefaultExportTo, "default-export-to", "*", "The mesh's meshConfig.defaultServiceExportTo, comma-separated (\".\", \"*\" or namespaces): the export scope of Services without a networking.istio.io/exportTo annotation. The operator's objects never reach further than the Service, so set this to what the mesh uses.")
 	o.Engine.BindFlags(fs)
 }
@@ -49,6 +71,11 @@ func (o *Options) Validate() error {
 	}
 	if _, err := desired.ParseExportTo(o.DefaultExportTo); err != nil {
 		return fmt.Errorf("--default-export-to: %w", err)
+	}
+	for _, s := range o.AllowedHostSuffixes {
+		if msg := desired.SuffixProblem(s); msg != "" {
+			return fmt.Errorf("--allowed-host-suffixes: %s", msg)
+		}
 	}
 	return o.Engine.Validate()
 }
@@ -78,18 +105,26 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 		}
 	}
 	mirror := &MirrorReconciler{
-		Client:        mgr.GetClient(),
-		Scheme:        mgr.GetScheme(),
-		Recorder:      mgr.GetEventRecorder(FieldManager),
-		Clock:         d.Clock,
-		Metrics:       d.Metrics,
-		Weights:       book,
-		Loop:          loop,
-		Defaults:      d.Options.Engine,
-		Wake:          wake,
-		ClusterDomain: d.ClusterDomain,
-		MaxConcurrent: d.Options.MaxConcurrentReconciles,
-		DenyCrossNS:   d.Options.DenyCrossNamespace,
+		Client:         mgr.GetClient(),
+		Scheme:         mgr.GetScheme(),
+		Recorder:       mgr.GetEventRecorder(FieldManager),
+		Clock:          d.Clock,
+		Metrics:        d.Metrics,
+		Weights:        book,
+		Loop:           loop,
+		Defaults:       d.Options.Engine,
+		Wake:           wake,
+		ClusterDomain:  d.ClusterDomain,
+		MaxConcurrent:  d.Options.MaxConcurrentReconciles,
+		CrossNamespace: d.Options.CrossNamespace,
+		CustomQueries:  d.Options.CustomQueries,
+	}
+	mirror.Hosts = &HostClaims{
+		Client: mgr.GetClient(),
+		Rules:  desired.HostRules{AllowedSuffixes: d.Options.AllowedHostSuffixes, ClusterDomain: d.ClusterDomain},
+		Barred: func(o *optv1.IstioAdaptiveRequestOptimizer) bool {
+			return crossNamespaceDenied(o, mirror.CrossNamespace) != ""
+		},
 	}
 	var err error
 	if mirror.DefaultExportTo, err = desired.ParseExportTo(d.Options.DefaultExportTo); err != nil {

@@ -58,7 +58,14 @@ func run(m *testing.M) int {
 	testMetrics = metrics.New()
 	if err := controllers.Setup(ctx, mgr, controllers.Dependencies{
 		Clock: clock.RealClock{}, Metrics: testMetrics, ClusterDomain: "cluster.local",
-		Options: controllers.Options{MaxConcurrentReconciles: 2},
+		Options: controllers.Options{
+			MaxConcurrentReconciles: 2,
+			// Cross-namespace targeting and custom queries stay off (the
+			// defaults) except for one namespace each, so tests see both.
+			CrossNamespace:      controllers.NamespaceGate{Namespaces: []string{platformNamespace}},
+			CustomQueries:       controllers.NamespaceGate{Namespaces: []string{customQueryNamespace}},
+			AllowedHostSuffixes: []string{sharedHostSuffix},
+		},
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: setup:", err)
 		return 1

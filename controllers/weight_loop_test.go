@@ -152,21 +152,6 @@ func TestSettingsForMergesSpecOverDefaults(t *testing.T) {
 	}
 }
 
-func TestCrossNamespaceDenied(t *testing.T) {
-	same := optimizerFor("team-a", "web")
-	other := optimizerFor("team-a", "web")
-	other.Spec.ServiceNamespace = "team-b"
-	if msg := crossNamespaceDenied(other, false); msg != "" {
-		t.Errorf("allowed by default, got %q", msg)
-	}
-	if msg := crossNamespaceDenied(same, true); msg != "" {
-		t.Errorf("same namespace denied: %q", msg)
-	}
-	if msg := crossNamespaceDenied(other, true); msg == "" {
-		t.Error("cross-namespace optimizer allowed with the deny flag")
-	}
-}
-
 // emptySource answers every query with no series for the pods.
 type emptySource struct{}
 

@@ -184,9 +184,13 @@ type IstioAdaptiveRequestOptimizerSpec struct {
 	ServicePorts []ServicePort `json:"service_ports,omitempty"`
 
 	// host is the optimized host of the ServiceEntry. Defaults to
-	// <service>.<namespace>.adaptive.
+	// <service>.<namespace>.adaptive. Another host must be a DNS name (lower
+	// case, no port, labels of 1-63 characters) under
+	// <service_namespace>.adaptive or a suffix the administrator allows
+	// (--allowed-host-suffixes), and not used by anyone else.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)+$`
 	Host string `json:"host,omitempty"`
 
 	// routing_mode: virtual_service (default) sends the mesh's traffic for the

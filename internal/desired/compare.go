@@ -1,17 +1,26 @@
 package desired
 
 import (
+	"bytes"
+	"encoding/json"
+	"reflect"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 )
 
 // UpToDate says whether a live object already has everything the desired one
-// asks for: the same spec and the desired labels. Fields other writers added
-// (labels, annotations) do not count, so they cause no write.
-func UpToDate(desired, live metav1.Object, desiredSpec, liveSpec proto.Message) bool {
+// asks for: the desired labels, owners and spec. Only what the operator's
+// field manager (manager) owns counts: every spec field the operator sets
+// equals the live one, and every spec field its managedFields entry owns is
+// still desired (else an apply must remove it). Fields other writers added
+// (labels, annotations, a spec field such as exportTo set by another field
+// manager or a mutating webhook) cause no write. Without a managedFields
+// entry of the operator the whole spec is compared.
+func UpToDate(manager string, desired, live metav1.Object, desiredSpec, liveSpec proto.Message) bool {
 	if live == nil {
 		return false
 	}
@@ -23,7 +32,112 @@ func UpToDate(desired, live metav1.Object, desiredSpec, liveSpec proto.Message) 
 	if len(desired.GetOwnerReferences()) > 0 && !hasOwners(live.GetOwnerReferences(), desired.GetOwnerReferences()) {
 		return false
 	}
-	return proto.Equal(desiredSpec, liveSpec)
+	owned := ownedFields(live.GetManagedFields(), manager)
+	if owned == nil {
+		return proto.Equal(desiredSpec, liveSpec)
+	}
+	want, err1 := specMap(desiredSpec)
+	have, err2 := specMap(liveSpec)
+	if err1 != nil || err2 != nil {
+		return proto.Equal(desiredSpec, liveSpec)
+	}
+	return SpecUpToDate(want, have, owned)
+}
+
+// SpecUpToDate is UpToDate on JSON specs: want is the desired spec, have
+// the live one, owned the live spec paths the operator's field manager owns
+// (each a list of field names from the spec down). Maps are compared field
+// by field (fields only in have are someone else's); lists and scalars the
+// operator sets are compared whole, as server-side apply owns them (Istio's
+// lists are atomic).
+func SpecUpToDate(want, have map[string]any, owned [][]string) bool {
+	if !subset(want, have) {
+		return false
+	}
+	for _, path := range owned {
+		if !hasPath(want, path) {
+			return false
+		}
+	}
+	return true
+}
+
+func subset(want, have any) bool {
+	wm, ok := want.(map[string]any)
+	if !ok {
+		return reflect.DeepEqual(want, have)
+	}
+	hm, ok := have.(map[string]any)
+	if !ok {
+		return false
+	}
+	for k, w := range wm {
+		h, found := hm[k]
+		if !found || !subset(w, h) {
+			return false
+		}
+	}
+	return true
+}
+
+func hasPath(m map[string]any, path []string) bool {
+	var cur any = m
+	for _, name := range path {
+		cm, ok := cur.(map[string]any)
+		if !ok {
+			return true // inside a list or value the operator sets whole
+		}
+		if cur, ok = cm[name]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// ownedFields lists the spec paths manager's apply entry owns, down to the
+// first element that is not a field name (a list item); nil when there is
+// no such entry or it cannot be read.
+func ownedFields(entries []metav1.ManagedFieldsEntry, manager string) [][]string {
+	for _, e := range entries {
+		if e.Manager != manager || e.Operation != metav1.ManagedFieldsOperationApply || e.FieldsV1 == nil || e.Subresource != "" {
+			continue
+		}
+		set := &fieldpath.Set{}
+		if err := set.FromJSON(bytes.NewReader(e.FieldsV1.Raw)); err != nil {
+			return nil
+		}
+		out := [][]string{}
+		set.Leaves().Iterate(func(p fieldpath.Path) {
+			if len(p) == 0 || p[0].FieldName == nil || *p[0].FieldName != "spec" {
+				return
+			}
+			var names []string
+			for _, el := range p[1:] {
+				if el.FieldName == nil {
+					break
+				}
+				names = append(names, *el.FieldName)
+			}
+			if len(names) > 0 {
+				out = append(out, names)
+			}
+		})
+		return out
+	}
+	return nil
+}
+
+// specMap is a spec as the API server stores it (Istio's JSON form).
+func specMap(spec proto.Message) (map[string]any, error) {
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]any{}
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func hasOwners(live, want []metav1.OwnerReference) bool {

@@ -1120,19 +1120,19 @@ func TestUpToDate(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if got := UpToDate(desiredSE, tc.live, &desiredSE.Spec, &tc.live.Spec); got != tc.want {
+			if got := UpToDate("istio-adaptive-optimizer", desiredSE, tc.live, &desiredSE.Spec, &tc.live.Spec); got != tc.want {
 				t.Errorf("UpToDate = %v, want %v", got, tc.want)
 			}
 		})
 	}
-	if UpToDate(desiredSE, nil, &desiredSE.Spec, nil) {
+	if UpToDate("istio-adaptive-optimizer", desiredSE, nil, &desiredSE.Spec, nil) {
 		t.Error("UpToDate with no live object")
 	}
 	// Objects without owners (another namespace) ignore live owners.
 	noOwner := want.DestinationRule.DeepCopy()
 	live := noOwner.DeepCopy()
 	live.OwnerReferences = []metav1.OwnerReference{owner}
-	if !UpToDate(noOwner, live, &noOwner.Spec, &live.Spec) {
+	if !UpToDate("istio-adaptive-optimizer", noOwner, live, &noOwner.Spec, &live.Spec) {
 		t.Error("desired object without owners is not up to date with an owned live copy")
 	}
 }
