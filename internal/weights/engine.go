@@ -36,6 +36,9 @@ type Engine struct {
 	// act on live weights only.
 	unapplied bool
 
+	// lastFromRequests: the last cycle with data learned from request rates.
+	lastFromRequests bool
+
 	started    bool
 	lastGood   time.Time // last observation with data; starts the expiry clock
 	lastUpdate time.Time // time of the previous cycle with data
@@ -50,6 +53,8 @@ type podState struct {
 	capacity float64
 	// known: capacity holds an estimate, from data or a seed.
 	known bool
+	// fromData: the estimate came from an observation, not only a seed.
+	fromData bool
 	// measurements counts the sharp observations (steady weights over the
 	// whole window, pod not saturated) averaged into capacity since it was
 	// last reset. Bounds and blurred views move the estimate but do not
@@ -222,6 +227,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 
 	shares := e.windowShares(now, set)
 	learned := e.learn(now, set, sig, shares)
+	e.lastFromRequests = learned.fromRequests
 	ds := e.trackBacklogs(now, set, sig, shares, learned.fromRequests)
 	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
 		e.cycle = now.Sub(e.lastUpdate)
@@ -313,6 +319,7 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 			Mode:     mode,
 			Capacity: e.relativeCapacities(set),
 			Message:  msg,
+			Learned:  e.learned(set, weights, mode),
 		},
 		maxMove: maxMove,
 	}

@@ -127,6 +127,7 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan
 	for _, s := range sightings {
 		st := e.state(set[s.index].Name)
 		st.seen = now
+		st.fromData = true
 		// An observation whose window reaches back past the last restart
 		// of the estimate may still mix the pod's speed before and after
 		// the change: it moves the estimate, but does not count.

@@ -176,8 +176,12 @@ func writeJSON(w io.Writer, sc *Scenario, rs []StrategyResult) error {
 		r.P50Ms, r.P99Ms, r.P999Ms, r.MeanMs = clean(r.P50Ms), clean(r.P99Ms), clean(r.P999Ms), clean(r.MeanMs)
 		r.MaxMeanUtil, r.MinMeanUtil = clean(r.MaxMeanUtil), clean(r.MinMeanUtil)
 		if r.P99AfterMs != nil {
-			v := clean(*r.P99AfterMs)
-			r.P99AfterMs = &v
+			v, v9 := clean(*r.P99AfterMs), clean(*r.P999AfterMs)
+			r.P99AfterMs, r.P999AfterMs = &v, &v9
+		}
+		r.P99PerMinuteMs = slices.Clone(r.P99PerMinuteMs)
+		for m, v := range r.P99PerMinuteMs {
+			r.P99PerMinuteMs[m] = clean(v)
 		}
 		out.Strategies = append(out.Strategies, r)
 	}
@@ -209,8 +213,8 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 	hdr := "| strategy | p50 ms | p99 ms | p99.9 ms |"
 	sep := "|---|---:|---:|---:|"
 	if after {
-		hdr += " p99 after event ms |"
-		sep += "---:|"
+		hdr += " p99 after event ms | p99.9 after event ms |"
+		sep += "---:|---:|"
 	}
 	hdr += " max/mean util | min/mean util | max queue | publications | converged (cycle) |"
 	sep += "---:|---:|---:|---:|---:|"
@@ -219,11 +223,11 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 	for _, r := range rs {
 		line := fmt.Sprintf("| %s | %s | %s | %s |", r.Name, ms(r.P50Ms), ms(r.P99Ms), ms(r.P999Ms))
 		if after {
-			v := math.NaN()
+			v, v9 := math.NaN(), math.NaN()
 			if r.P99AfterMs != nil {
-				v = *r.P99AfterMs
+				v, v9 = *r.P99AfterMs, *r.P999AfterMs
 			}
-			line += fmt.Sprintf(" %s |", ms(v))
+			line += fmt.Sprintf(" %s | %s |", ms(v), ms(v9))
 		}
 		conv := "never"
 		if r.ConvergeCycle >= 0 {
@@ -233,7 +237,33 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintln(w)
+	if len(rs) > 0 && len(rs[0].P99PerMinuteMs) > 0 {
+		fmt.Fprintln(w, "p99 per minute of arrival (ms), from the end of the warm-up (the opt-in):")
+		fmt.Fprintln(w)
+		hdr, sep := "| strategy |", "|---|"
+		for m := range rs[0].P99PerMinuteMs {
+			hdr += fmt.Sprintf(" %d |", m+1)
+			sep += "---:|"
+		}
+		fmt.Fprintln(w, hdr)
+		fmt.Fprintln(w, sep)
+		for _, r := range rs {
+			line := "| " + r.Name + " |"
+			for _, v := range r.P99PerMinuteMs {
+				line += " " + ms(v) + " |"
+			}
+			fmt.Fprintln(w, line)
+		}
+		fmt.Fprintln(w)
+	}
 	for _, r := range rs {
+		if r.LearnedAt != 0 {
+			if r.LearnedAt < 0 {
+				fmt.Fprintf(w, "- %s: never reported Learned\n", r.Name)
+			} else {
+				fmt.Fprintf(w, "- %s: Learned from %s\n", r.Name, time.Duration(r.LearnedAt*float64(time.Second)))
+			}
+		}
 		if len(r.Modes) > 0 {
 			var parts []string
 			for _, k := range slices.Sorted(maps.Keys(r.Modes)) {
