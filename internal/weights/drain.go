@@ -242,9 +242,9 @@ func (e *Engine) drainProposal(set []Pod, sig signals, ds drainState, proposal [
 				continue
 			}
 			othersSend += sendsAtCapacity[i]
-			if ps := sig.pods[i]; ps.hasCPU && knownCores(pod) {
-				cpu += ps.cpu
-				cores += pod.Cores
+			if c := e.coresOf(pod); sig.pods[i].hasCPU && c > 0 {
+				cpu += sig.pods[i].cpu
+				cores += c
 			}
 		}
 		use := drainUtil * 0.9 // unknown: assume a little room

@@ -36,8 +36,9 @@ type Engine struct {
 	// act on live weights only.
 	unapplied bool
 
-	// lastFromRequests: the last cycle with data learned from request rates.
-	lastFromRequests bool
+	// lastFromRequests: the last cycle with data learned from request rates;
+	// lastWithLatency: it had latency data too.
+	lastFromRequests, lastWithLatency bool
 
 	started    bool
 	lastGood   time.Time // last observation with data; starts the expiry clock
@@ -79,6 +80,11 @@ type podState struct {
 	// request rates (see drain.go), and backlogs its recent history.
 	backlog  float64
 	backlogs []backlogPoint
+	// cores estimates the CPU a pod without a limit can use (see
+	// cores.go), 0 when none; coresMeasured counts the observations in it.
+	cores         float64
+	coresMeasured int
+
 	// hot: at the last cycle the pod's CPU was at its Cores limit.
 	hot bool
 	// drain is the factor (below 1) the pod's weight is drained by this
@@ -228,6 +234,8 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	shares := e.windowShares(now, set)
 	learned := e.learn(now, set, sig, shares)
 	e.lastFromRequests = learned.fromRequests
+	e.lastWithLatency = sig.withLatency > 0
+	e.estimateCores(now, set, sig, shares)
 	ds := e.trackBacklogs(now, set, sig, shares, learned.fromRequests)
 	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
 		e.cycle = now.Sub(e.lastUpdate)

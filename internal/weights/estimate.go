@@ -9,8 +9,8 @@ import (
 
 // podSignal is one pod's usable signals.
 type podSignal struct {
-	cpu, requests       float64
-	hasCPU, hasRequests bool
+	cpu, requests, latency          float64
+	hasCPU, hasRequests, hasLatency bool
 }
 
 // signals is the observation reduced to the current set, in set order.
@@ -18,6 +18,7 @@ type signals struct {
 	pods         []podSignal
 	withCPU      int     // pods with a CPU value (zero included)
 	withRequests int     // pods with positive CPU and positive requests
+	withLatency  int     // pods with a positive latency
 	meanCPU      float64 // over pods with a CPU value
 }
 
@@ -41,6 +42,10 @@ func readSignals(set []Pod, obs map[string]Signal) signals {
 		}
 		if usable(raw.Requests) {
 			ps.requests, ps.hasRequests = raw.Requests, true
+		}
+		if usable(raw.Latency) && raw.Latency > 0 {
+			ps.latency, ps.hasLatency = raw.Latency, true
+			s.withLatency++
 		}
 		if ps.hasCPU && ps.cpu > 0 && ps.hasRequests && ps.requests > 0 {
 			s.withRequests++
@@ -457,12 +462,14 @@ func (e *Engine) targets(set []Pod) []float64 {
 // capacitiesPerCore returns each pod's capacity and its speed per core.
 func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 	var known, cores []float64
-	for _, pod := range set {
+	podCoresOf := make([]float64, len(set))
+	for i, pod := range set {
 		if st := e.pods[pod.Name]; st != nil && st.known {
 			known = append(known, st.capacity)
 		}
-		if knownCores(pod) {
-			cores = append(cores, pod.Cores)
+		if c := e.coresOf(pod); c > 0 {
+			podCoresOf[i] = c
+			cores = append(cores, c)
 		}
 	}
 	fallback := median(known)
@@ -482,8 +489,8 @@ func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 		podCores := 1.0
 		if typicalCores > 0 {
 			podCores = typicalCores
-			if knownCores(pod) {
-				podCores = pod.Cores
+			if podCoresOf[i] > 0 {
+				podCores = podCoresOf[i]
 			}
 			podCores /= typicalCores
 		}

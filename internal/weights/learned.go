@@ -14,8 +14,8 @@ const learnedShare = 0.9
 
 // settled reports whether a pod's weight rests on a measurement: its
 // estimate is from data (with request rates: a sharp observation since the
-// last restart), its core count is known or estimated, and no drain holds
-// its weight off its capacity.
+// last restart), its core count is known or, with latency data, measured
+// (see cores.go), and no drain holds its weight off its capacity.
 func (e *Engine) settled(pod Pod, fromRequests bool) bool {
 	st := e.pods[pod.Name]
 	if st == nil || !st.known || !st.fromData {
@@ -26,6 +26,9 @@ func (e *Engine) settled(pod Pod, fromRequests bool) bool {
 	}
 	if st.drainOr1() < 1 {
 		return false
+	}
+	if !knownCores(pod) && fromRequests && e.lastWithLatency && st.coresMeasured == 0 {
+		return false // its cores are a guess until the latency measures them
 	}
 	return true
 }
