@@ -91,3 +91,77 @@ func TestCoresWithoutLimitsFromLatency(t *testing.T) {
 		t.Errorf("not Learned: %s", res.Message)
 	}
 }
+
+func TestLatencySplit(t *testing.T) {
+	tests := map[string]struct {
+		cores, speed []float64
+		load         float64 // share of the total capacity
+		check        func(t *testing.T, split, capacity []float64)
+		ok           bool
+	}{
+		"identical pods get equal traffic at any load": {
+			cores: []float64{2, 2, 2}, speed: []float64{1, 1, 1}, load: 0.3, ok: true,
+			check: func(t *testing.T, split, _ []float64) {
+				if !near(split[0], split[1], 1e-6) || !near(split[1], split[2], 1e-6) {
+					t.Errorf("split %v, want equal", split)
+				}
+			},
+		},
+		"low load favours the fast pods": {
+			cores: []float64{2, 2}, speed: []float64{1, 0.35}, load: 0.2, ok: true,
+			check: func(t *testing.T, split, capacity []float64) {
+				if split[1]/capacity[1] > 0.5*split[0]/capacity[0] {
+					t.Errorf("slow pod at %.2f of its capacity, fast at %.2f: want the slow one far less used",
+						split[1]/capacity[1], split[0]/capacity[0])
+				}
+			},
+		},
+		"near full load the split tends to capacity shares": {
+			cores: []float64{2, 2}, speed: []float64{1, 0.35}, load: 0.95, ok: true,
+			check: func(t *testing.T, split, capacity []float64) {
+				if u0, u1 := split[0]/capacity[0], split[1]/capacity[1]; !near(u1/u0, 1, 0.1) {
+					t.Errorf("utilisations %.3f and %.3f, want within 10%%", u0, u1)
+				}
+			},
+		},
+		"more cores take more at the same speed": {
+			cores: []float64{1, 8}, speed: []float64{1, 1}, load: 0.6, ok: true,
+			check: func(t *testing.T, split, _ []float64) {
+				if split[1] < 8*split[0] {
+					t.Errorf("split %v: want the 8-core pod to take at least 8 times the 1-core pod", split)
+				}
+			},
+		},
+		"over capacity: no split": {
+			cores: []float64{2, 2}, speed: []float64{1, 0.5}, load: 1.2, ok: false,
+		},
+		"unknown cores: no split": {
+			cores: []float64{0, 2}, speed: []float64{1, 0.5}, load: 0.5, ok: false,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			capacity := make([]float64, len(tc.cores))
+			total := 0.0
+			for i := range capacity {
+				capacity[i] = tc.cores[i] * tc.speed[i]
+				total += capacity[i]
+			}
+			split, ok := latencySplit(tc.cores, tc.speed, tc.load*total)
+			if ok != tc.ok {
+				t.Fatalf("ok = %v, want %v", ok, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			sum := 0.0
+			for _, v := range split {
+				sum += v
+			}
+			if !near(sum, tc.load*total, 1e-6) {
+				t.Errorf("split sums to %v, want the load %v", sum, tc.load*total)
+			}
+			tc.check(t, split, capacity)
+		})
+	}
+}

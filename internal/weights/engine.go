@@ -40,6 +40,10 @@ type Engine struct {
 	// lastWithLatency: it had latency data too.
 	lastFromRequests, lastWithLatency bool
 
+	// offered is the load the pods served at the last cycle with data, in
+	// busy cores times speed per core (see split.go); 0 when unknown.
+	offered float64
+
 	started    bool
 	lastGood   time.Time // last observation with data; starts the expiry clock
 	lastUpdate time.Time // time of the previous cycle with data
@@ -236,6 +240,12 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	e.lastFromRequests = learned.fromRequests
 	e.lastWithLatency = sig.withLatency > 0
 	e.estimateCores(now, set, sig, shares)
+	if load := e.offeredLoad(set, sig); load > 0 && e.offered > 0 {
+		// Averaged, so that the noise of one window does not move weights.
+		e.offered = math.Exp((1-offeredGain)*math.Log(e.offered) + offeredGain*math.Log(load))
+	} else {
+		e.offered = load
+	}
 	ds := e.trackBacklogs(now, set, sig, shares, learned.fromRequests)
 	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
 		e.cycle = now.Sub(e.lastUpdate)

@@ -446,11 +446,27 @@ func (e *Engine) capacities(set []Pod) []float64 {
 	return caps
 }
 
-// targets returns what each pod's weight is proportional to: its capacity,
-// tilted towards faster pods by (speed per core)^SpeedTilt. Speeds per
+// targets returns what each pod's weight is proportional to: with
+// MinimizeLatency and a known load, the split of split.go; else its
+// capacity, tilted towards faster pods by (speed per core)^SpeedTilt. Speeds per
 // core are relative (their geometric mean is about 1); only ratios matter.
 func (e *Engine) targets(set []Pod) []float64 {
 	caps, perCore := e.capacitiesPerCore(set)
+	if e.params.MinimizeLatency && e.offered > 0 {
+		cores := make([]float64, len(set))
+		for i, pod := range set {
+			cores[i] = caps[i] / perCore[i] // relative cores
+			if c := e.coresOf(pod); c > 0 {
+				cores[i] = c
+			}
+		}
+		if split, ok := latencySplit(cores, perCore, e.offered); ok {
+			for i := range split {
+				split[i] = min(max(split[i], 1e-12), 1e12)
+			}
+			return split
+		}
+	}
 	if tilt := e.params.SpeedTilt; tilt > 0 {
 		for i := range caps {
 			caps[i] = min(max(caps[i]*math.Pow(perCore[i], tilt), 1e-12), 1e12)
