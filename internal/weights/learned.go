@@ -25,7 +25,7 @@ func (e *Engine) settled(pod Pod, fromRequests bool) bool {
 		return false
 	}
 	if st.drainOr1() < 1 {
-		return false
+		return false // held off its capacity
 	}
 	if !knownCores(pod) && fromRequests && e.lastWithLatency && st.coresMeasured == 0 {
 		return false // its cores are a guess until the latency measures them
@@ -52,6 +52,12 @@ func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
 	}
 	unsettled := 0.0
 	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil && (st.hot || st.drainOr1() < 1) {
+			// Overloaded, or with a backlog: whatever its share, a queue
+			// grows or waits there, which LEAST_REQUEST steers around
+			// within a request and weights only within a cycle.
+			return false
+		}
 		if e.settled(pod, e.lastFromRequests) {
 			continue
 		}

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
 
 func main() {
@@ -33,12 +35,44 @@ func main() {
 		parallel     = flag.Int("parallel", runtime.GOMAXPROCS(0), "simulations run at once")
 		cpuProfile   = flag.String("cpuprofile", "", "write a CPU profile to this file")
 		trace        = flag.String("trace", "", "print every cycle of this optimizer strategy (weights, signals, engine message) to stderr")
+		targets      = flag.String("targets", "", "measure the quality targets on the scenarios in this directory (see --seeds) and print them")
+		seeds        = flag.String("seeds", "0", "with --targets: comma-separated seeds or ranges (1-8); 0 = each file's own seed")
+		speedTilt    = flag.Float64("speed-tilt", -1, "engine SpeedTilt for the optimizer strategies (sensitivity runs; default: DefaultParams)")
+		drainTime    = flag.Duration("drain-time", -1, "engine DrainTime for the optimizer strategies (sensitivity runs; default: DefaultParams)")
+		minLatency   = flag.String("minimize-latency", "", "engine MinimizeLatency, true or false (sensitivity runs; default: DefaultParams)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: bench --scenario FILE | --all DIR | FILE... [--json] [--strategies a,b]\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if *speedTilt >= 0 || *drainTime >= 0 || *minLatency != "" {
+		benchParams = func(p *weights.Params) {
+			if *speedTilt >= 0 {
+				p.SpeedTilt = *speedTilt
+			}
+			if *drainTime >= 0 {
+				p.DrainTime = *drainTime
+			}
+			if *minLatency != "" {
+				p.MinimizeLatency = *minLatency == "true"
+			}
+		}
+	}
+	if *targets != "" {
+		ss, err := parseSeeds(*seeds)
+		if err != nil {
+			fatal(err)
+		}
+		start := time.Now()
+		rs, err := evaluateTargets(*targets, Targets, ss, *parallel)
+		if err != nil {
+			fatal(err)
+		}
+		writeTargets(os.Stdout, rs, ss)
+		fmt.Fprintf(os.Stderr, "bench: %d targets on %d seed(s) in %.1fs\n", len(Targets), len(ss), time.Since(start).Seconds())
+		return
+	}
 	files := flag.Args()
 	if *scenarioFile != "" {
 		files = append(files, *scenarioFile)
@@ -289,4 +323,23 @@ func ms(v float64) string {
 	default:
 		return fmt.Sprintf("%.2f", v)
 	}
+}
+
+// parseSeeds reads "1-5,7" into seeds.
+func parseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	for _, part := range strings.Split(s, ",") {
+		var lo, hi uint64
+		if n, _ := fmt.Sscanf(part, "%d-%d", &lo, &hi); n == 2 && hi >= lo && hi-lo < 1000 {
+			for v := lo; v <= hi; v++ {
+				out = append(out, v)
+			}
+			continue
+		}
+		if _, err := fmt.Sscanf(part, "%d", &lo); err != nil {
+			return nil, fmt.Errorf("seeds %q: want numbers or ranges like 1-8", s)
+		}
+		out = append(out, lo)
+	}
+	return out, nil
 }
