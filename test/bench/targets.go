@@ -81,7 +81,7 @@ var Targets = []Target{
 	{Name: "slowdown: optimizer p99 after the change ≤ 1.3x the oracle's", Scenario: "slowdown.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.3, Unit: "x"},
 	{Name: "slowdown: optimizer p99 after the change ≤ 1.1x the oracle's", Scenario: "slowdown.yaml",
-		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x", Miss: whyWRRSlowdown},
+		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x"},
 	{Name: "slowdown: optimizer p99.9 after the change ≤ 2 s", Scenario: "slowdown.yaml",
 		Strategies: []string{"optimizer"}, Value: p999After("optimizer"), Max: 2000, Unit: "ms", Miss: whyWRRSlowdown},
 	{Name: "slowdown: optimizer_lr p99 after the change ≤ 1.1x the oracle's", Scenario: "slowdown.yaml",
@@ -209,12 +209,12 @@ func evaluateTargets(dir string, targets []Target, seeds []uint64, parallel int)
 func writeTargets(w io.Writer, rs []TargetResult, seeds []uint64) {
 	hdr, sep := "| target |", "|---|"
 	for _, s := range seeds {
+		sep += "---|"
 		if s == 0 {
 			hdr += " file's seed |"
 			continue
 		}
 		hdr += fmt.Sprintf(" seed %d |", s)
-		sep += "---|"
 	}
 	fmt.Fprintln(w, hdr+" holds |")
 	fmt.Fprintln(w, sep+"---|")
