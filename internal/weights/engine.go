@@ -39,6 +39,9 @@ type Engine struct {
 	// lastFromRequests: the last cycle with data learned from request rates;
 	// lastWithLatency: it had latency data too.
 	lastFromRequests, lastWithLatency bool
+	// lastLearned is the Learned of the last result: false means the
+	// operator runs LEAST_REQUEST, where traffic does not follow weights.
+	lastLearned bool
 
 	// offered is the load the pods served at the last cycle with data, in
 	// busy cores times speed per core (see split.go); 0 when unknown.
@@ -327,6 +330,8 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 		mode = ModeSteady
 	}
 	ref, _ := e.reference()
+	learned := e.learned(set, weights, mode)
+	e.lastLearned = learned
 	e.unapplied = changed && !sameWeights(weights, ref)
 	e.mode = mode
 	e.last, e.lastAt = weights, now
@@ -337,7 +342,7 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 			Mode:     mode,
 			Capacity: e.relativeCapacities(set),
 			Message:  msg,
-			Learned:  e.learned(set, weights, mode),
+			Learned:  learned,
 		},
 		maxMove: maxMove,
 	}

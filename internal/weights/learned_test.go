@@ -92,3 +92,36 @@ func TestNotLearnedWhileAPodCarryingTrafficIsDrained(t *testing.T) {
 		t.Errorf("not Learned after the drain ended: %s", res.Message)
 	}
 }
+
+// While not Learned the operator runs LEAST_REQUEST, under which traffic
+// does not follow the weights: a pod serving less than its weight share is
+// no evidence of a backlog; the sidecar's latency is.
+func TestUnderLeastRequestBacklogsComeFromLatency(t *testing.T) {
+	pods := drainPods()
+	for _, tc := range []struct {
+		name      string
+		latency   float64 // seconds per request, 10 ms of it CPU
+		wantDrain bool
+	}{
+		{"no wait: no backlog", 0.0105, false},
+		{"seconds of wait: a backlog", 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, now := learnedDrainEngine(t, capacityParams())
+			e.lastLearned = false // the last result said: not learned
+			now = now.Add(quiet)
+			obs := servedObs(now, e.live, 400, map[string]float64{"a": 60}, nil)
+			for name, sig := range obs.Signals {
+				sig.Latency = tc.latency
+				if name != "a" {
+					sig.Latency = 0.0105
+				}
+				obs.Signals[name] = sig
+			}
+			res := cycle(e, pods, obs)
+			if got := strings.Contains(res.Message, "backlog"); got != tc.wantDrain {
+				t.Errorf("drained for a backlog: %v, want %v (%s)", got, tc.wantDrain, res.Message)
+			}
+		})
+	}
+}
