@@ -148,6 +148,11 @@
 //     (requests per CPU-second times Cores) minus its backlog over
 //     DrainTime, at least a little (MaxRatio bounds it), until the backlog
 //     is gone; then it gets its capacity weight back.
+//   - While the engine has not Learned, the operator runs LEAST_REQUEST,
+//     under which traffic does not follow the weights, so the backlog is
+//     bounded by what the sidecar's latency shows: by Little's law the mean
+//     queue over the window is requests times the mean wait (latency minus
+//     CPU per request), and a queue that grew steadily ends at twice that.
 //   - A pod whose CPU is at its Cores limit without a measured backlog
 //     (no request rates, or a backlog built before the engine looked) is
 //     overloaded by an unknown amount: it gets 0.8 of its capacity weight
