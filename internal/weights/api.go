@@ -47,7 +47,9 @@ type Params struct {
 	// 0.03, pods of speeds 1 : 0.35 get shares about 1% above and 2% below
 	// their capacity shares.
 	SpeedTilt float64
-	// MinimizeLatency: while the Service has room to spare, split the
+	// MinimizeLatency: while the Service has room to spare (in full below
+	// 40% of its capacity, blended away by 60%, capacity shares above),
+	// split the
 	// traffic to minimise the mean time of a request rather than to
 	// equalise utilisation: a pod's weight is the traffic at which its
 	// marginal cost (its time per request, queue included, as an M/M/c

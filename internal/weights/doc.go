@@ -94,9 +94,11 @@
 //     is the same. The offered load is the pods' busy cores times their
 //     speeds per core, averaged over cycles. At low load this sends less
 //     to slow pods (those whose time per request at zero load is above the
-//     common marginal cost get only the MaxRatio floor); as the load nears
-//     the capacity it tends to capacity shares. Above 98% of the capacity,
-//     or without CPU data for every pod, step 1 applies instead.
+//     common marginal cost get only the MaxRatio floor). It is used in
+//     full below 40% of the capacity and blended linearly into step 1's
+//     capacity shares by 60%: a busy Service needs even utilisation, and
+//     ROUND_ROBIN's contract is capacity-proportional traffic. Without CPU
+//     data for every pod, step 1 applies alone.
 //  1. Weights are proportional to capacity times (speed per core)^SpeedTilt,
 //     with mean MeanWeight, and kept within MaxRatio of the mean (gRPC
 //     clients clip at 0.1x to 10x). Capacity shares equalise utilisation,

@@ -452,25 +452,43 @@ func (e *Engine) capacities(set []Pod) []float64 {
 // core are relative (their geometric mean is about 1); only ratios matter.
 func (e *Engine) targets(set []Pod) []float64 {
 	caps, perCore := e.capacitiesPerCore(set)
-	if e.params.MinimizeLatency && e.offered > 0 {
-		cores := make([]float64, len(set))
-		for i, pod := range set {
-			cores[i] = caps[i] / perCore[i] // relative cores
-			if c := e.coresOf(pod); c > 0 {
-				cores[i] = c
-			}
-		}
-		if split, ok := latencySplit(cores, perCore, e.offered); ok {
-			for i := range split {
-				split[i] = min(max(split[i], 1e-12), 1e12)
-			}
-			return split
-		}
-	}
 	if tilt := e.params.SpeedTilt; tilt > 0 {
 		for i := range caps {
 			caps[i] = min(max(caps[i]*math.Pow(perCore[i], tilt), 1e-12), 1e12)
 		}
+	}
+	if !e.params.MinimizeLatency || !(e.offered > 0) {
+		return caps
+	}
+	cores := make([]float64, len(set))
+	capacity := 0.0
+	for i, pod := range set {
+		cores[i] = caps[i] / perCore[i] // relative cores
+		if c := e.coresOf(pod); c > 0 {
+			cores[i] = c
+		}
+		capacity += cores[i] * perCore[i]
+	}
+	// The split is used in full while the Service has room to spare and
+	// not at all from splitNoneFrom of its capacity up, where capacity
+	// shares (the product's contract for ROUND_ROBIN) are what the
+	// Service needs; in between, the two are blended linearly.
+	use := e.offered / capacity
+	if !(use < splitNoneFrom) {
+		return caps
+	}
+	split, ok := latencySplit(cores, perCore, e.offered)
+	if !ok {
+		return caps
+	}
+	b := min(1, (splitNoneFrom-use)/(splitNoneFrom-splitFullBelow))
+	capSum, splitSum := 0.0, 0.0
+	for i := range caps {
+		capSum += caps[i]
+		splitSum += split[i]
+	}
+	for i := range caps {
+		caps[i] = min(max((1-b)*caps[i]/capSum+b*split[i]/splitSum, 1e-12), 1e12)
 	}
 	return caps
 }

@@ -25,6 +25,11 @@ import "math"
 const (
 	// splitIterations bounds the bisections of the split.
 	splitIterations = 48
+	// splitFullBelow and splitNoneFrom: the split is used in full below
+	// this share of the capacity, not at all from that one up, blended in
+	// between (see targets).
+	splitFullBelow = 0.4
+	splitNoneFrom  = 0.6
 	// offeredGain is the weight of a new measurement of the offered load.
 	offeredGain = 0.25
 	// maxSplitLoad: above this share of the capacity the split is plain

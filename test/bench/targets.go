@@ -59,7 +59,7 @@ func worstMinute(a, b string) func(map[string]StrategyResult) float64 {
 }
 
 const (
-	whyWRRSlowdown = "under ROUND_ROBIN the slowed pod is sent 3x what it serves until the first cycle after the change (30 s): ~2900 queued before any data can show it; only a queue-aware balancer (optimizer_lr) avoids that"
+	whyWRRSlowdown = "under ROUND_ROBIN the slowed pod is sent 3x what it serves until the first cycle after the change (30 s): ~2900 queued before any data can show it, 0.4% of the requests after it; only a queue-aware balancer (optimizer_lr) avoids that"
 	whyCPUOnly     = "without request metrics neither a backlog nor the cores of a pod without a limit can be measured"
 )
 
@@ -74,14 +74,14 @@ var Targets = []Target{
 		}},
 	{Name: "hetero3-90: optimizer p99 ≤ 1.2x wrr_oracle", Scenario: "hetero3-90.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.2, Unit: "x"},
-	{Name: "hetero3-60: optimizer p99 ≤ 1.05x wrr_oracle", Scenario: "hetero3-60.yaml",
-		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.05, Unit: "x"},
+	{Name: "hetero3-60: optimizer p99 within 5% of wrr_oracle", Scenario: "hetero3-60.yaml",
+		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Min: 0.95, Max: 1.05, Unit: "x"},
 	{Name: "homogeneous: optimizer p99 within 5% of wrr_oracle", Scenario: "homogeneous.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Min: 0.95, Max: 1.05, Unit: "x"},
 	{Name: "slowdown: optimizer p99 after the change ≤ 1.3x the oracle's", Scenario: "slowdown.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.3, Unit: "x"},
 	{Name: "slowdown: optimizer p99 after the change ≤ 1.1x the oracle's", Scenario: "slowdown.yaml",
-		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x"},
+		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x", Miss: whyWRRSlowdown},
 	{Name: "slowdown: optimizer p99.9 after the change ≤ 2 s", Scenario: "slowdown.yaml",
 		Strategies: []string{"optimizer"}, Value: p999After("optimizer"), Max: 2000, Unit: "ms", Miss: whyWRRSlowdown},
 	{Name: "slowdown: optimizer_lr p99 after the change ≤ 1.1x the oracle's", Scenario: "slowdown.yaml",
@@ -113,7 +113,7 @@ var Targets = []Target{
 	{Name: "hetero3-80-nolimits: optimizer_cpu p99 ≤ 1.0x wrr_oracle", Scenario: "hetero3-80-nolimits.yaml",
 		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.0, Unit: "x"},
 	{Name: "hetero3-90-nolimits: optimizer_cpu p99 ≤ 1.0x wrr_oracle", Scenario: "hetero3-90-nolimits.yaml",
-		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.0, Unit: "x"},
+		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.0, Unit: "x", Miss: whyCPUOnly},
 }
 
 // holds reports whether v meets the target.
