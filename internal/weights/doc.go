@@ -37,6 +37,24 @@
 // above, and its estimate is cut below that bound, deeper each cycle it
 // stays saturated, until a cycle without saturation measures it exactly.
 //
+// # Pods without CPU limits
+//
+// A pod without a limit (Cores 0) can use what its node leaves it, which no
+// API reports, and its capacity is its speed per core times those cores.
+// The sidecar's latency (Signal.Latency, Istio's request duration at the
+// destination) shows them: with u busy cores, s = u/requests CPU-seconds
+// per request and mean latency L, the mean wait over the service time,
+// (L-s)/s, is what an M/M/c queue of c cores shows at u busy cores,
+// ErlangC(c, u)/(c-u), which falls steeply as c grows past u; the engine
+// solves it for c. The estimate is bounded below by the pod's CPU request
+// and the CPU it uses, above by its node's allocatable CPU (Pod.CPURequest,
+// Pod.NodeCores), and averaged in log scale over windows in which the pod's
+// traffic share held. Until a pod has one, or without latency data, its
+// cores are the geometric mean of its bounds (the median of the pods with
+// cores when it has none). A wait below 2% of the service time is taken
+// as 2% (a lower bound on the cores), since the latency and CPU series,
+// scraped apart, cannot tell less from noise.
+//
 // # From observations to estimates
 //
 // Observations of one cycle are in units that change with the total load,
@@ -68,6 +86,19 @@
 //
 // Each cycle:
 //
+//  0. With MinimizeLatency (the default) and the pods' CPU known, the
+//     traffic is split to minimise the mean time of a request: every pod
+//     in use gets the traffic at which its marginal cost, (1/v)(1 +
+//     d(rho w)/d rho) for speed per core v, utilisation rho and w the
+//     M/M/c mean wait over the service time (Sakasegawa's approximation),
+//     is the same. The offered load is the pods' busy cores times their
+//     speeds per core, averaged over cycles. At low load this sends less
+//     to slow pods (those whose time per request at zero load is above the
+//     common marginal cost get only the MaxRatio floor). It is used in
+//     full below 40% of the capacity and blended linearly into step 1's
+//     capacity shares by 60%: a busy Service needs even utilisation, and
+//     ROUND_ROBIN's contract is capacity-proportional traffic. Without CPU
+//     data for every pod, step 1 applies alone.
 //  1. Weights are proportional to capacity times (speed per core)^SpeedTilt,
 //     with mean MeanWeight, and kept within MaxRatio of the mean (gRPC
 //     clients clip at 0.1x to 10x). Capacity shares equalise utilisation,
@@ -119,6 +150,11 @@
 //     (requests per CPU-second times Cores) minus its backlog over
 //     DrainTime, at least a little (MaxRatio bounds it), until the backlog
 //     is gone; then it gets its capacity weight back.
+//   - While the engine has not Learned, the operator runs LEAST_REQUEST,
+//     under which traffic does not follow the weights, so the backlog is
+//     bounded by what the sidecar's latency shows: by Little's law the mean
+//     queue over the window is requests times the mean wait (latency minus
+//     CPU per request), and a queue that grew steadily ends at twice that.
 //   - A pod whose CPU is at its Cores limit without a measured backlog
 //     (no request rates, or a backlog built before the engine looked) is
 //     overloaded by an unknown amount: it gets 0.8 of its capacity weight
@@ -142,6 +178,21 @@
 //     be steered.
 //   - NaN, infinite and negative values are no data. A pod without data
 //     keeps its estimate, or gets the median.
+//
+// # Learned, and which load balancer to use
+//
+// Result.Learned is true when the pods whose weights rest on a settled
+// estimate carry at least 90% of the traffic (the larger of a pod's share
+// of the live and of the new weights). A pod is settled when its estimate
+// came from data (with request rates: a sharp observation since the last
+// restart of the estimate), its cores are a limit or, with latency data,
+// measured, and no drain holds it off its capacity. Until then (the first
+// cycle after opt-in, a surprise, a large drain, many new pods) the
+// operator keeps Envoy's LEAST_REQUEST, which reacts to queues within a
+// request and is never worse than the Service's default, and uses weighted
+// ROUND_ROBIN once Learned. With CPU alone the speed is learned through
+// traffic shares, which follow the weights only under ROUND_ROBIN, so
+// estimates from data count as settled from the first cycle.
 //
 // # Using it
 //

@@ -178,6 +178,15 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 			// It served what it was sent: no queue.
 			q = 0
 		}
+		if !e.lastLearned && ps.hasLatency {
+			// Not learned: the operator runs LEAST_REQUEST, under which
+			// traffic does not follow the weights, so sent-minus-served
+			// is no measure. The sidecar's latency is: by Little's law
+			// the mean queue over the window was requests times the mean
+			// wait, and a queue that grew steadily ends at twice its mean.
+			waiting := ps.requests * max(0, ps.latency-ps.cpu/ps.requests)
+			q = min(q, 2*waiting)
+		}
 		q = min(q, ds.capRate[i]*maxBacklogSeconds)
 		if !(q >= 0) || math.IsInf(q, 0) {
 			q = 0
@@ -242,9 +251,9 @@ func (e *Engine) drainProposal(set []Pod, sig signals, ds drainState, proposal [
 				continue
 			}
 			othersSend += sendsAtCapacity[i]
-			if ps := sig.pods[i]; ps.hasCPU && knownCores(pod) {
-				cpu += ps.cpu
-				cores += pod.Cores
+			if c := e.coresOf(pod); sig.pods[i].hasCPU && c > 0 {
+				cpu += sig.pods[i].cpu
+				cores += c
 			}
 		}
 		use := drainUtil * 0.9 // unknown: assume a little room

@@ -63,7 +63,7 @@ func learnedDrainEngine(t *testing.T, p Params) (*Engine, time.Time) {
 // capacity until its backlog is gone, then gets its capacity weight back.
 func TestDrainsABacklogThenRestores(t *testing.T) {
 	pods := drainPods()
-	e, now := learnedDrainEngine(t, DefaultParams())
+	e, now := learnedDrainEngine(t, capacityParams())
 
 	// a's speed fell to 30 requests per CPU-second: at its limit it serves
 	// 60 of the 100 it is sent. 40/s over the 1m window: ~2400 queued.
@@ -102,7 +102,7 @@ func TestDrainsABacklogThenRestores(t *testing.T) {
 // drops.
 func TestPodAtItsLimitIsDrainedUntilItsCPUDrops(t *testing.T) {
 	pods := drainPods()
-	e, now := learnedDrainEngine(t, DefaultParams())
+	e, now := learnedDrainEngine(t, capacityParams())
 	now = now.Add(quiet)
 	obs := servedObs(now, e.live, 400, nil, nil)
 	// Busy all the time at its usual speed, serving more than it is sent:
@@ -122,7 +122,7 @@ func TestPodAtItsLimitIsDrainedUntilItsCPUDrops(t *testing.T) {
 // Shortfalls the sampling of two rates can explain are not backlogs.
 func TestSmallShortfallsAreNotBacklogs(t *testing.T) {
 	pods := drainPods()
-	e, now := learnedDrainEngine(t, DefaultParams())
+	e, now := learnedDrainEngine(t, capacityParams())
 	for k, short := range []float64{0.97, 0.98, 1.0, 0.97} {
 		now = now.Add(quiet)
 		res := cycle(e, pods, servedObs(now, e.live, 400, map[string]float64{"a": 100 * short}, nil))
@@ -136,7 +136,7 @@ func TestSmallShortfallsAreNotBacklogs(t *testing.T) {
 // are as busy, nothing is drained (the whole Service is overloaded).
 func TestNoDrainWithoutRoom(t *testing.T) {
 	pods := drainPods()
-	e, now := learnedDrainEngine(t, DefaultParams())
+	e, now := learnedDrainEngine(t, capacityParams())
 	now = now.Add(quiet)
 	obs := servedObs(now, e.live, 400, nil, nil)
 	for _, name := range []string{"b", "c", "d"} {
@@ -153,7 +153,7 @@ func TestNoDrainWithoutRoom(t *testing.T) {
 // not the engine's, and it drains nothing.
 func TestNoDrainInDryRun(t *testing.T) {
 	pods := drainPods()
-	e := New(DefaultParams())
+	e := New(capacityParams())
 	live := map[string]uint32{"a": 1000, "b": 1000, "c": 1000, "d": 1000}
 	e.Seed(t0, live)
 	now := t0
@@ -177,7 +177,7 @@ func TestNoDrainInDryRun(t *testing.T) {
 // capacity the load leaves).
 func TestBacklogDrainsSoonAfterASlowdown(t *testing.T) {
 	cyclesToDrain := func(drain time.Duration, phase time.Duration) (int, float64) {
-		p := DefaultParams()
+		p := capacityParams()
 		p.DrainTime = drain
 		l := newClosedLoop(t, loopConfig{speeds: hetero12(), load: 0.8, phase: phase, useRequests: true,
 			knownCores: true, params: &p, maxQueue: time.Hour})
@@ -215,7 +215,7 @@ func TestSpeedTilt(t *testing.T) {
 	pods := podsNamed("fast", "slow", "slow2")
 	speed := map[string]float64{"fast": 2, "slow": 1, "slow2": 1}
 	for _, tilt := range []float64{0, 0.03, 0.2} {
-		p := DefaultParams()
+		p := capacityParams()
 		p.SpeedTilt = tilt
 		e, _ := learned(t, p, pods, speed)
 		if got, want := ratio(e.live, "fast", "slow"), math.Pow(2, 1+tilt); !near(got, want, 0.01) {

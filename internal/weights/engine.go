@@ -36,6 +36,17 @@ type Engine struct {
 	// act on live weights only.
 	unapplied bool
 
+	// lastFromRequests: the last cycle with data learned from request rates;
+	// lastWithLatency: it had latency data too.
+	lastFromRequests, lastWithLatency bool
+	// lastLearned is the Learned of the last result: false means the
+	// operator runs LEAST_REQUEST, where traffic does not follow weights.
+	lastLearned bool
+
+	// offered is the load the pods served at the last cycle with data, in
+	// busy cores times speed per core (see split.go); 0 when unknown.
+	offered float64
+
 	started    bool
 	lastGood   time.Time // last observation with data; starts the expiry clock
 	lastUpdate time.Time // time of the previous cycle with data
@@ -50,6 +61,8 @@ type podState struct {
 	capacity float64
 	// known: capacity holds an estimate, from data or a seed.
 	known bool
+	// fromData: the estimate came from an observation, not only a seed.
+	fromData bool
 	// measurements counts the sharp observations (steady weights over the
 	// whole window, pod not saturated) averaged into capacity since it was
 	// last reset. Bounds and blurred views move the estimate but do not
@@ -74,6 +87,11 @@ type podState struct {
 	// request rates (see drain.go), and backlogs its recent history.
 	backlog  float64
 	backlogs []backlogPoint
+	// cores estimates the CPU a pod without a limit can use (see
+	// cores.go), 0 when none; coresMeasured counts the observations in it.
+	cores         float64
+	coresMeasured int
+
 	// hot: at the last cycle the pod's CPU was at its Cores limit.
 	hot bool
 	// drain is the factor (below 1) the pod's weight is drained by this
@@ -222,6 +240,15 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 
 	shares := e.windowShares(now, set)
 	learned := e.learn(now, set, sig, shares)
+	e.lastFromRequests = learned.fromRequests
+	e.lastWithLatency = sig.withLatency > 0
+	e.estimateCores(now, set, sig, shares)
+	if load := e.offeredLoad(set, sig); load > 0 && e.offered > 0 {
+		// Averaged, so that the noise of one window does not move weights.
+		e.offered = math.Exp((1-offeredGain)*math.Log(e.offered) + offeredGain*math.Log(load))
+	} else {
+		e.offered = load
+	}
 	ds := e.trackBacklogs(now, set, sig, shares, learned.fromRequests)
 	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
 		e.cycle = now.Sub(e.lastUpdate)
@@ -303,6 +330,8 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 		mode = ModeSteady
 	}
 	ref, _ := e.reference()
+	learned := e.learned(set, weights, mode)
+	e.lastLearned = learned
 	e.unapplied = changed && !sameWeights(weights, ref)
 	e.mode = mode
 	e.last, e.lastAt = weights, now
@@ -313,6 +342,7 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 			Mode:     mode,
 			Capacity: e.relativeCapacities(set),
 			Message:  msg,
+			Learned:  learned,
 		},
 		maxMove: maxMove,
 	}

@@ -27,14 +27,16 @@ func podsNamed(names ...string) []Pod {
 // while: each pod's traffic follows its weight share, and its CPU is that
 // traffic divided by its speed. Requests are included when withRequests.
 func steadyObs(at time.Time, w map[string]uint32, speed map[string]float64, totalCPU float64, withRequests bool) Observation {
+	// Sums in name order, so that two engines given the same weights get
+	// the same observation to the last bit.
 	sum := 0.0
-	for _, v := range w {
-		sum += float64(v)
+	for _, name := range sortedNames(w) {
+		sum += float64(w[name])
 	}
 	raw := map[string]float64{}
 	rawSum := 0.0
-	for name, v := range w {
-		raw[name] = float64(v) / sum / speed[name]
+	for _, name := range sortedNames(w) {
+		raw[name] = float64(w[name]) / sum / speed[name]
 		rawSum += raw[name]
 	}
 	obs := Observation{Time: at, Signals: map[string]Signal{}}
@@ -71,6 +73,14 @@ func learned(t *testing.T, p Params, pods []Pod, speed map[string]float64) (*Eng
 		cycle(e, pods, steadyObs(now, e.live, speed, 4, true))
 	}
 	return e, now
+}
+
+// capacityParams are the defaults without MinimizeLatency: weights are
+// capacity shares (tilted), which is what tests of learning assert.
+func capacityParams() Params {
+	p := DefaultParams()
+	p.MinimizeLatency = false
+	return p
 }
 
 func ratio(w map[string]uint32, a, b string) float64 { return float64(w[a]) / float64(w[b]) }
@@ -126,7 +136,7 @@ func TestValidateRejectsNonsense(t *testing.T) {
 func TestLearnsCapacityFromRequestsAndFromCPU(t *testing.T) {
 	pods := podsNamed("fast", "slow")
 	speed := map[string]float64{"fast": 2, "slow": 1}
-	p := DefaultParams()
+	p := capacityParams()
 	p.SpeedTilt = 0 // plain capacity shares; TestSpeedTilt covers the tilt
 	for _, withRequests := range []bool{true, false} {
 		e := New(p)
@@ -342,7 +352,7 @@ func TestSlowStartRampsNewPods(t *testing.T) {
 
 func TestHardwarePoolingStartsNewPodsNearTheirClass(t *testing.T) {
 	for _, pool := range []bool{true, false} {
-		p := DefaultParams()
+		p := capacityParams()
 		p.PoolByHardware = pool
 		p.SpeedTilt = 0
 		pods := []Pod{
@@ -457,7 +467,7 @@ func TestDryRunAssumesEnvoyBalancesEvenly(t *testing.T) {
 func TestCoresScaleCapacity(t *testing.T) {
 	pods := []Pod{{Name: "big", Cores: 4}, {Name: "small", Cores: 2}, {Name: "unknown"}}
 	speed := map[string]float64{"big": 1, "small": 1, "unknown": 1}
-	e := New(DefaultParams())
+	e := New(capacityParams())
 	e.Applied(t0, e.Weights(t0, pods))
 	res := cycle(e, pods, steadyObs(t0.Add(quiet), e.live, speed, 3, true))
 	if r := ratio(res.Weights, "big", "small"); !near(r, 2, 0.01) {

@@ -9,8 +9,8 @@ import (
 
 // podSignal is one pod's usable signals.
 type podSignal struct {
-	cpu, requests       float64
-	hasCPU, hasRequests bool
+	cpu, requests, latency          float64
+	hasCPU, hasRequests, hasLatency bool
 }
 
 // signals is the observation reduced to the current set, in set order.
@@ -18,6 +18,7 @@ type signals struct {
 	pods         []podSignal
 	withCPU      int     // pods with a CPU value (zero included)
 	withRequests int     // pods with positive CPU and positive requests
+	withLatency  int     // pods with a positive latency
 	meanCPU      float64 // over pods with a CPU value
 }
 
@@ -41,6 +42,10 @@ func readSignals(set []Pod, obs map[string]Signal) signals {
 		}
 		if usable(raw.Requests) {
 			ps.requests, ps.hasRequests = raw.Requests, true
+		}
+		if usable(raw.Latency) && raw.Latency > 0 {
+			ps.latency, ps.hasLatency = raw.Latency, true
+			s.withLatency++
 		}
 		if ps.hasCPU && ps.cpu > 0 && ps.hasRequests && ps.requests > 0 {
 			s.withRequests++
@@ -127,6 +132,7 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan
 	for _, s := range sightings {
 		st := e.state(set[s.index].Name)
 		st.seen = now
+		st.fromData = true
 		// An observation whose window reaches back past the last restart
 		// of the estimate may still mix the pod's speed before and after
 		// the change: it moves the estimate, but does not count.
@@ -440,8 +446,9 @@ func (e *Engine) capacities(set []Pod) []float64 {
 	return caps
 }
 
-// targets returns what each pod's weight is proportional to: its capacity,
-// tilted towards faster pods by (speed per core)^SpeedTilt. Speeds per
+// targets returns what each pod's weight is proportional to: with
+// MinimizeLatency and a known load, the split of split.go; else its
+// capacity, tilted towards faster pods by (speed per core)^SpeedTilt. Speeds per
 // core are relative (their geometric mean is about 1); only ratios matter.
 func (e *Engine) targets(set []Pod) []float64 {
 	caps, perCore := e.capacitiesPerCore(set)
@@ -450,18 +457,53 @@ func (e *Engine) targets(set []Pod) []float64 {
 			caps[i] = min(max(caps[i]*math.Pow(perCore[i], tilt), 1e-12), 1e12)
 		}
 	}
+	if !e.params.MinimizeLatency || !(e.offered > 0) {
+		return caps
+	}
+	cores := make([]float64, len(set))
+	capacity := 0.0
+	for i, pod := range set {
+		cores[i] = caps[i] / perCore[i] // relative cores
+		if c := e.coresOf(pod); c > 0 {
+			cores[i] = c
+		}
+		capacity += cores[i] * perCore[i]
+	}
+	// The split is used in full while the Service has room to spare and
+	// not at all from splitNoneFrom of its capacity up, where capacity
+	// shares (the product's contract for ROUND_ROBIN) are what the
+	// Service needs; in between, the two are blended linearly.
+	use := e.offered / capacity
+	if !(use < splitNoneFrom) {
+		return caps
+	}
+	split, ok := latencySplit(cores, perCore, e.offered)
+	if !ok {
+		return caps
+	}
+	b := min(1, (splitNoneFrom-use)/(splitNoneFrom-splitFullBelow))
+	capSum, splitSum := 0.0, 0.0
+	for i := range caps {
+		capSum += caps[i]
+		splitSum += split[i]
+	}
+	for i := range caps {
+		caps[i] = min(max((1-b)*caps[i]/capSum+b*split[i]/splitSum, 1e-12), 1e12)
+	}
 	return caps
 }
 
 // capacitiesPerCore returns each pod's capacity and its speed per core.
 func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 	var known, cores []float64
-	for _, pod := range set {
+	podCoresOf := make([]float64, len(set))
+	for i, pod := range set {
 		if st := e.pods[pod.Name]; st != nil && st.known {
 			known = append(known, st.capacity)
 		}
-		if knownCores(pod) {
-			cores = append(cores, pod.Cores)
+		if c := e.coresOf(pod); c > 0 {
+			podCoresOf[i] = c
+			cores = append(cores, c)
 		}
 	}
 	fallback := median(known)
@@ -481,8 +523,8 @@ func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 		podCores := 1.0
 		if typicalCores > 0 {
 			podCores = typicalCores
-			if knownCores(pod) {
-				podCores = pod.Cores
+			if podCoresOf[i] > 0 {
+				podCores = podCoresOf[i]
 			}
 			podCores /= typicalCores
 		}

@@ -88,6 +88,8 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 			Locality:      fmt.Sprintf("r/z%d/", in.byte()%3),
 			HardwareClass: []string{"", "a", "b"}[in.byte()%3],
 			Cores:         in.float(),
+			CPURequest:    in.float(),
+			NodeCores:     in.float(),
 		}
 		if b := in.byte(); b%2 == 0 {
 			pods[i].ReadySince = start.Add(time.Duration(b) * time.Second)
@@ -103,7 +105,7 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 		}
 		for _, pod := range pods {
 			if in.byte()%5 != 0 {
-				step.obs.Signals[pod.Name] = Signal{CPU: in.float(), Requests: in.float()}
+				step.obs.Signals[pod.Name] = Signal{CPU: in.float(), Requests: in.float(), Latency: in.float()}
 			}
 		}
 		if in.byte()%5 == 0 {
@@ -167,6 +169,9 @@ func FuzzUpdate(f *testing.F) {
 			checkWeights(t, what, pods, res.Weights)
 			if res.Mode == "" || res.Message == "" {
 				t.Fatalf("%s: empty mode or message", what)
+			}
+			if res.Learned && (res.Mode == ModeFallback || res.Mode == ModeNoData) {
+				t.Fatalf("%s: Learned without usable data", what)
 			}
 			for name, c := range res.Capacity {
 				if !(c > 0) || math.IsInf(c, 0) {

@@ -67,7 +67,7 @@ type loopConfig struct {
 
 func newClosedLoop(t *testing.T, cfg loopConfig) *closedLoop {
 	t.Helper()
-	p := DefaultParams()
+	p := capacityParams()
 	if cfg.params != nil {
 		p = *cfg.params
 	}

@@ -28,19 +28,20 @@ const (
 // and queried every 30 s with rate(...[1m]).
 func DefaultParams() Params {
 	return Params{
-		QueryWindow:    time.Minute,
-		ScrapeInterval: 15 * time.Second,
-		DeadBand:       0.05,
-		MaxStep:        1.0,
-		MaxRatio:       10,
-		Smoothing:      0.05,
-		MinCPU:         0.05,
-		SlowStart:      0,
-		Expiry:         5 * time.Minute,
-		PoolByHardware: false,
-		SpeedTilt:      0.03,
-		DrainTime:      15 * time.Second,
-		MeanWeight:     1000,
+		QueryWindow:     time.Minute,
+		ScrapeInterval:  15 * time.Second,
+		DeadBand:        0.05,
+		MaxStep:         1.0,
+		MaxRatio:        10,
+		Smoothing:       0.05,
+		MinCPU:          0.05,
+		SlowStart:       0,
+		Expiry:          5 * time.Minute,
+		PoolByHardware:  false,
+		SpeedTilt:       0.03,
+		MinimizeLatency: true,
+		DrainTime:       15 * time.Second,
+		MeanWeight:      1000,
 	}
 }
 

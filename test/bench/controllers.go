@@ -32,7 +32,7 @@ func (oracleCtl) speedChanged(s *sim, _ int32) { s.publish(oracleWeights(s)) }
 func cpuSignals(s *sim) []float64 {
 	out := make([]float64, len(s.hosts))
 	for i, h := range s.hosts {
-		out[i], _ = s.promRate(h, true)
+		out[i], _ = s.promRate(h, seriesCPU)
 	}
 	return out
 }

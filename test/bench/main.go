@@ -22,6 +22,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
 
 func main() {
@@ -33,12 +35,54 @@ func main() {
 		parallel     = flag.Int("parallel", runtime.GOMAXPROCS(0), "simulations run at once")
 		cpuProfile   = flag.String("cpuprofile", "", "write a CPU profile to this file")
 		trace        = flag.String("trace", "", "print every cycle of this optimizer strategy (weights, signals, engine message) to stderr")
+		targets      = flag.String("targets", "", "measure the quality targets on the scenarios in this directory (see --seeds) and print them")
+		guardedOnly  = flag.Bool("guarded-only", false, "with --targets: skip the targets known to miss (as TestIssueTargets does)")
+		seeds        = flag.String("seeds", "0", "with --targets: comma-separated seeds or ranges (1-8); 0 = each file's own seed")
+		speedTilt    = flag.Float64("speed-tilt", -1, "engine SpeedTilt for the optimizer strategies (sensitivity runs; default: DefaultParams)")
+		drainTime    = flag.Duration("drain-time", -1, "engine DrainTime for the optimizer strategies (sensitivity runs; default: DefaultParams)")
+		minLatency   = flag.String("minimize-latency", "", "engine MinimizeLatency, true or false (sensitivity runs; default: DefaultParams)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: bench --scenario FILE | --all DIR | FILE... [--json] [--strategies a,b]\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if *speedTilt >= 0 || *drainTime >= 0 || *minLatency != "" {
+		benchParams = func(p *weights.Params) {
+			if *speedTilt >= 0 {
+				p.SpeedTilt = *speedTilt
+			}
+			if *drainTime >= 0 {
+				p.DrainTime = *drainTime
+			}
+			if *minLatency != "" {
+				p.MinimizeLatency = *minLatency == "true"
+			}
+		}
+	}
+	if *targets != "" {
+		ss, err := parseSeeds(*seeds)
+		if err != nil {
+			fatal(err)
+		}
+		start := time.Now()
+		list := Targets
+		if *guardedOnly {
+			list = nil
+			for _, tg := range Targets {
+				if tg.Miss == "" {
+					list = append(list, tg)
+				}
+			}
+		}
+		rs, err := evaluateTargets(*targets, list, ss, *parallel)
+		if err != nil {
+			fatal(err)
+		}
+		writeTargets(os.Stdout, rs, ss)
+		fmt.Fprintf(os.Stderr, "bench: %d targets on %d seed(s) in %.1fs\n", len(list), len(ss), time.Since(start).Seconds())
+		return
+	}
 	files := flag.Args()
 	if *scenarioFile != "" {
 		files = append(files, *scenarioFile)
@@ -176,8 +220,12 @@ func writeJSON(w io.Writer, sc *Scenario, rs []StrategyResult) error {
 		r.P50Ms, r.P99Ms, r.P999Ms, r.MeanMs = clean(r.P50Ms), clean(r.P99Ms), clean(r.P999Ms), clean(r.MeanMs)
 		r.MaxMeanUtil, r.MinMeanUtil = clean(r.MaxMeanUtil), clean(r.MinMeanUtil)
 		if r.P99AfterMs != nil {
-			v := clean(*r.P99AfterMs)
-			r.P99AfterMs = &v
+			v, v9 := clean(*r.P99AfterMs), clean(*r.P999AfterMs)
+			r.P99AfterMs, r.P999AfterMs = &v, &v9
+		}
+		r.P99PerMinuteMs = slices.Clone(r.P99PerMinuteMs)
+		for m, v := range r.P99PerMinuteMs {
+			r.P99PerMinuteMs[m] = clean(v)
 		}
 		out.Strategies = append(out.Strategies, r)
 	}
@@ -209,8 +257,8 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 	hdr := "| strategy | p50 ms | p99 ms | p99.9 ms |"
 	sep := "|---|---:|---:|---:|"
 	if after {
-		hdr += " p99 after event ms |"
-		sep += "---:|"
+		hdr += " p99 after event ms | p99.9 after event ms |"
+		sep += "---:|---:|"
 	}
 	hdr += " max/mean util | min/mean util | max queue | publications | converged (cycle) |"
 	sep += "---:|---:|---:|---:|---:|"
@@ -219,11 +267,11 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 	for _, r := range rs {
 		line := fmt.Sprintf("| %s | %s | %s | %s |", r.Name, ms(r.P50Ms), ms(r.P99Ms), ms(r.P999Ms))
 		if after {
-			v := math.NaN()
+			v, v9 := math.NaN(), math.NaN()
 			if r.P99AfterMs != nil {
-				v = *r.P99AfterMs
+				v, v9 = *r.P99AfterMs, *r.P999AfterMs
 			}
-			line += fmt.Sprintf(" %s |", ms(v))
+			line += fmt.Sprintf(" %s | %s |", ms(v), ms(v9))
 		}
 		conv := "never"
 		if r.ConvergeCycle >= 0 {
@@ -233,7 +281,33 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintln(w)
+	if len(rs) > 0 && len(rs[0].P99PerMinuteMs) > 0 {
+		fmt.Fprintln(w, "p99 per minute of arrival (ms), from the end of the warm-up (the opt-in):")
+		fmt.Fprintln(w)
+		hdr, sep := "| strategy |", "|---|"
+		for m := range rs[0].P99PerMinuteMs {
+			hdr += fmt.Sprintf(" %d |", m+1)
+			sep += "---:|"
+		}
+		fmt.Fprintln(w, hdr)
+		fmt.Fprintln(w, sep)
+		for _, r := range rs {
+			line := "| " + r.Name + " |"
+			for _, v := range r.P99PerMinuteMs {
+				line += " " + ms(v) + " |"
+			}
+			fmt.Fprintln(w, line)
+		}
+		fmt.Fprintln(w)
+	}
 	for _, r := range rs {
+		if r.LearnedAt != 0 {
+			if r.LearnedAt < 0 {
+				fmt.Fprintf(w, "- %s: never reported Learned\n", r.Name)
+			} else {
+				fmt.Fprintf(w, "- %s: Learned from %s\n", r.Name, time.Duration(r.LearnedAt*float64(time.Second)))
+			}
+		}
 		if len(r.Modes) > 0 {
 			var parts []string
 			for _, k := range slices.Sorted(maps.Keys(r.Modes)) {
@@ -259,4 +333,23 @@ func ms(v float64) string {
 	default:
 		return fmt.Sprintf("%.2f", v)
 	}
+}
+
+// parseSeeds reads "1-5,7" into seeds.
+func parseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	for _, part := range strings.Split(s, ",") {
+		var lo, hi uint64
+		if n, _ := fmt.Sscanf(part, "%d-%d", &lo, &hi); n == 2 && hi >= lo && hi-lo < 1000 {
+			for v := lo; v <= hi; v++ {
+				out = append(out, v)
+			}
+			continue
+		}
+		if _, err := fmt.Sscanf(part, "%d", &lo); err != nil {
+			return nil, fmt.Errorf("seeds %q: want numbers or ranges like 1-8", s)
+		}
+		out = append(out, lo)
+	}
+	return out, nil
 }

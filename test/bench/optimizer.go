@@ -13,10 +13,17 @@ import (
 // (rate of the per-pod CPU-seconds and served-requests counters over the
 // rate window), publication to every client when the engine says Changed,
 // Applied after each publication, Weights when the pod set changes.
-// cpuOnly sends Requests = NaN (no request metrics).
+// cpuOnly sends Requests = NaN and Latency = NaN (no Istio metrics).
+// Latency is what the operator's default query returns: rate of the
+// sidecar's latency histogram _sum over rate of its _count, both over the
+// rate window. With lrUntilLearned (the operator's default load_balancer,
+// ROUND_ROBIN) the clients use LEAST_REQUEST until the engine reports
+// Learned, and weighted ROUND_ROBIN while it does.
 type optimizerCtl struct {
-	cpuOnly bool
-	eng     *weights.Engine
+	cpuOnly        bool
+	lrUntilLearned bool
+	learnedAt      float64
+	eng            *weights.Engine
 }
 
 // simEpoch is simulated time zero.
@@ -26,18 +33,28 @@ func simTime(t float64) time.Time { return simEpoch.Add(time.Duration(t * float6
 
 // newOptimizerCtl builds the engine with DefaultParams, told the scenario's
 // rate window and scrape interval as the operator's configuration would.
-func newOptimizerCtl(sc *Scenario, cpuOnly bool) controller {
+func newOptimizerCtl(sc *Scenario, cpuOnly, lrUntilLearned bool) controller {
 	p := weights.DefaultParams()
 	p.QueryWindow = sc.Prometheus.RateWindow.Duration
 	p.ScrapeInterval = sc.Prometheus.ScrapeInterval.Duration
-	return &optimizerCtl{cpuOnly: cpuOnly, eng: weights.New(p)}
+	if benchParams != nil {
+		benchParams(&p)
+	}
+	return &optimizerCtl{cpuOnly: cpuOnly, lrUntilLearned: lrUntilLearned, learnedAt: -1, eng: weights.New(p)}
 }
+
+// benchParams, when set (sensitivity runs), adjusts the engine's parameters.
+var benchParams func(*weights.Params)
 
 func (o *optimizerCtl) pods(s *sim) []weights.Pod {
 	out := make([]weights.Pod, 0, len(s.hosts))
 	for _, h := range s.hosts {
 		p := &s.pods[h]
-		wp := weights.Pod{Name: p.name, Locality: p.locality, HardwareClass: p.class, Cores: float64(p.cores)}
+		wp := weights.Pod{Name: p.name, Locality: p.locality, HardwareClass: p.class,
+			Cores: float64(p.cores), CPURequest: p.cpuRequest, NodeCores: p.nodeCores}
+		if p.noLimit {
+			wp.Cores = 0 // what CPULimit returns for a container without a limit
+		}
 		if !p.initial {
 			wp.ReadySince = simTime(p.addedAt)
 		}
@@ -72,29 +89,42 @@ func (o *optimizerCtl) start(s *sim) {
 func (o *optimizerCtl) cycle(s *sim) {
 	obs := weights.Observation{Time: simTime(s.now), Signals: map[string]weights.Signal{}}
 	for _, h := range s.hosts {
-		cpu, ok := s.promRate(h, true)
+		cpu, ok := s.promRate(h, seriesCPU)
 		if !ok {
 			continue
 		}
-		req := math.NaN()
+		req, lat := math.NaN(), math.NaN()
 		if !o.cpuOnly {
-			req, _ = s.promRate(h, false)
+			req, _ = s.promRate(h, seriesReqs)
+			if latSum, ok := s.promRate(h, seriesLatSum); ok && req > 0 {
+				lat = latSum / req
+			}
 		}
-		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req}
+		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat}
 	}
 	res := o.eng.Update(o.pods(s), obs)
 	s.modes[string(res.Mode)]++
+	if res.Learned && o.learnedAt < 0 {
+		o.learnedAt = s.now
+	}
 	if s.trace != nil {
-		fmt.Fprintf(s.trace, "%s t=%5.0fs %-10s changed=%-5v %s\n", s.def.name, s.now, res.Mode, res.Changed, res.Message)
+		fmt.Fprintf(s.trace, "%s t=%5.0fs %-10s changed=%-5v learned=%-5v %s\n", s.def.name, s.now, res.Mode, res.Changed, res.Learned, res.Message)
 		for _, h := range s.hosts {
 			p := &s.pods[h]
 			sig := obs.Signals[p.name]
-			fmt.Fprintf(s.trace, "    %-12s speed=%.3f cpu=%.3f req/s=%7.2f capacity=%.3f weight=%d\n",
-				p.name, p.speed, sig.CPU, sig.Requests, res.Capacity[p.name], res.Weights[p.name])
+			fmt.Fprintf(s.trace, "    %-12s speed=%.3f cores=%d cpu=%.3f req/s=%7.2f lat=%7.1fms queue=%d capacity=%.3f weight=%d\n",
+				p.name, p.speed, p.cores, sig.CPU, sig.Requests, sig.Latency*1e3, p.qlen(), res.Capacity[p.name], res.Weights[p.name])
 		}
 	}
 	if res.Changed {
 		o.publish(s, res.Weights)
+	}
+	if o.lrUntilLearned {
+		if res.Learned {
+			s.setLB(lbWRR)
+		} else {
+			s.setLB(lbWLR)
+		}
 	}
 }
 

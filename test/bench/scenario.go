@@ -43,6 +43,15 @@ type Scenario struct {
 	Events []Event `json:"events,omitempty"`
 	// Prometheus models the metrics pipeline feeding the central strategies.
 	Prometheus PromConfig `json:"prometheus,omitempty"`
+	// OptIn is when the optimizer strategies start: before it the Service
+	// runs Istio's default LEAST_REQUEST over equal weights, as a live
+	// Service does before its owner opts in (Prometheus has that history).
+	// Other strategies run from t=0. 0 = from the start.
+	OptIn Duration `json:"opt_in,omitempty"`
+	// PerMinute reports p99 per minute of arrival time from the end of
+	// the warm-up (cold starts: warmup = opt_in, the moment the optimizer
+	// is applied).
+	PerMinute bool `json:"per_minute,omitempty"`
 	// ReportWindow is the window over which a backend measures the qps and
 	// CPU utilisation it reports to cswrr clients (ORCA). Default 1s.
 	ReportWindow Duration `json:"report_window,omitempty"`
@@ -56,6 +65,16 @@ type PodGroup struct {
 	Speed         float64 `json:"speed,omitempty"` // default 1
 	HardwareClass string  `json:"hardware_class,omitempty"`
 	Locality      string  `json:"locality,omitempty"`
+	// NoLimit: the pods have no CPU limit. They still use Cores cores (the
+	// truth: what their node leaves them), but the optimizer is told only
+	// CPURequest and NodeCores, as a real cluster's API would.
+	NoLimit bool `json:"no_limit,omitempty"`
+	// CPURequest is the pods' CPU request in cores (default: Cores with a
+	// limit, 1 without).
+	CPURequest float64 `json:"cpu_request,omitempty"`
+	// NodeCores is the allocatable CPU of the pods' nodes (default: Cores
+	// with a limit, 2x Cores without: other pods share the node).
+	NodeCores float64 `json:"node_cores,omitempty"`
 }
 
 // Work describes the request work distribution (time at speed 1).
@@ -160,6 +179,18 @@ func (g *PodGroup) defaults() {
 	if g.Speed == 0 {
 		g.Speed = 1
 	}
+	if g.CPURequest == 0 {
+		g.CPURequest = float64(g.Cores)
+		if g.NoLimit {
+			g.CPURequest = 1
+		}
+	}
+	if g.NodeCores == 0 {
+		g.NodeCores = float64(g.Cores)
+		if g.NoLimit {
+			g.NodeCores = 2 * float64(g.Cores)
+		}
+	}
 }
 
 func (g *PodGroup) validate(where string) error {
@@ -170,6 +201,8 @@ func (g *PodGroup) validate(where string) error {
 		return fmt.Errorf("%s: count and cores must be positive", where)
 	case g.Speed < 0 || math.IsNaN(g.Speed) || math.IsInf(g.Speed, 0):
 		return fmt.Errorf("%s: speed must be positive", where)
+	case !(g.CPURequest >= 0) || !(g.NodeCores >= 0):
+		return fmt.Errorf("%s: cpu_request and node_cores must not be negative", where)
 	}
 	return nil
 }
@@ -231,6 +264,9 @@ func (sc *Scenario) defaultAndValidate() error {
 	}
 	if sc.Warmup.Duration < 0 || sc.Warmup.Duration >= sc.Duration.Duration {
 		bad("warmup must be in [0, duration)")
+	}
+	if sc.OptIn.Duration < 0 || sc.OptIn.Duration >= sc.Duration.Duration {
+		bad("opt_in must be in [0, duration)")
 	}
 	if sc.Cycle.Duration < 0 || sc.Prometheus.ScrapeInterval.Duration < 0 || sc.Prometheus.RateWindow.Duration < 0 || sc.ReportWindow.Duration < 0 {
 		bad("cycle, scrape_interval, rate_window and report_window must be positive")

@@ -36,6 +36,7 @@ const (
 	ctlSeedMain
 	ctlOptimizer
 	ctlOptimizerCPU
+	ctlOptimizerLR
 )
 
 type strategyDef struct {
@@ -53,8 +54,9 @@ var strategyDefs = []strategyDef{
 	{"cswrr", lbWRR, ctlCSWRR, "Envoy client_side_weighted_round_robin, defaults, per-response backend reports"},
 	{"seed_dev", lbWRR, ctlSeedDev, "seed operator, dev rule, ROUND_ROBIN"},
 	{"seed_main", lbWRR, ctlSeedMain, "seed operator, main rule, ROUND_ROBIN"},
-	{"optimizer", lbWRR, ctlOptimizer, "this project's weight package, CPU + request rates, ROUND_ROBIN"},
-	{"optimizer_cpu", lbWRR, ctlOptimizerCPU, "this project's weight package, CPU only, ROUND_ROBIN"},
+	{"optimizer", lbWRR, ctlOptimizer, "this project's weight package, CPU + request rates + sidecar latency; the operator's default: LEAST_REQUEST until Result.Learned, then weighted ROUND_ROBIN"},
+	{"optimizer_lr", lbWLR, ctlOptimizerLR, "this project's weight package, CPU + request rates + sidecar latency, weighted LEAST_REQUEST throughout (load_balancer: LEAST_REQUEST)"},
+	{"optimizer_cpu", lbWRR, ctlOptimizerCPU, "this project's weight package, CPU only; LEAST_REQUEST until Result.Learned, then weighted ROUND_ROBIN"},
 }
 
 // StrategyNames lists every strategy in output order.
@@ -84,6 +86,7 @@ const (
 	evOrcaTick   // a pod closes its load-report window
 	evScenario   // a scenario event
 	evWarmup
+	evOptIn // the optimizer is applied (Scenario.OptIn)
 	evEnd
 )
 
@@ -102,7 +105,16 @@ type queued struct {
 	client int32
 }
 
-type promSample struct{ t, cpu, req float64 }
+type promSample struct{ t, cpu, req, latSum float64 }
+
+// promSeries names a scraped counter of a pod.
+type promSeries uint8
+
+const (
+	seriesCPU    promSeries = iota // container_cpu_usage_seconds_total
+	seriesReqs                     // istio_requests_total (reporter=destination)
+	seriesLatSum                   // istio_request_duration_milliseconds_sum (in seconds here)
+)
 
 const promRing = 32
 
@@ -111,6 +123,10 @@ type simPod struct {
 	cores                 int32
 	speed                 float64
 	present               bool
+	// noLimit: the pod has no CPU limit; the operator reads Cores = 0 and
+	// sees only cpuRequest and nodeCores (cores stays the truth).
+	noLimit               bool
+	cpuRequest, nodeCores float64
 	addedAt, removedAt    float64 // seconds; addedAt 0 for initial pods
 	initial               bool
 
@@ -118,10 +134,13 @@ type simPod struct {
 	q     []queued
 	qHead int
 
-	cpu   float64 // CPU-seconds counter (cAdvisor)
-	cpuT  float64
-	reqs  float64 // served requests counter (istio_requests_total)
-	phase float64 // scrape / report phase
+	cpu  float64 // CPU-seconds counter (cAdvisor)
+	cpuT float64
+	reqs float64 // served requests counter (istio_requests_total)
+	// latSum is the sidecar's latency histogram _sum (seconds): the time
+	// from a request's arrival at the pod to its response, queue included.
+	latSum float64
+	phase  float64 // scrape / report phase
 
 	// measurement window (utilisation)
 	mStart, mEnd       float64
@@ -201,6 +220,10 @@ type sim struct {
 	warmup float64
 	end    float64
 	afterT float64 // first scenario event (p99 after the change)
+	// optIn is when the optimizer starts (Scenario.OptIn; optimizer
+	// strategies only): before it, the clients run Istio's default
+	// LEAST_REQUEST over equal weights and no cycle runs.
+	optIn float64
 
 	pods    []simPod
 	byName  map[string]int32
@@ -211,6 +234,9 @@ type sim struct {
 
 	weights []float64 // centrally published weights, by pod
 	ctl     controller
+	// lb is the load balancer in force; the optimizer's default mode
+	// switches it from LEAST_REQUEST to ROUND_ROBIN (see setLB).
+	lb lbMode
 
 	workMean, workMu, workSigma float64
 	lognormal                   bool
@@ -223,16 +249,20 @@ type sim struct {
 
 	// measurement
 	lat, latAfter *histogram
-	arrivals      uint64
-	arrHash       uint64
-	maxQueue      int
-	publications  int
-	cycleIdx      int
-	convFrom      int
-	modes         map[string]int
-	notes         []string
-	inEvent       bool // a scenario event rebuilds the clients once at its end
-	trace         io.Writer
+	// perMinute holds one histogram per minute of arrival time, from t=0
+	// (Scenario.PerMinute).
+	perMinute    []*histogram
+	lbMinutes    []lbMode // the load balancer in force at each minute's end
+	arrivals     uint64
+	arrHash      uint64
+	maxQueue     int
+	publications int
+	cycleIdx     int
+	convFrom     int
+	modes        map[string]int
+	notes        []string
+	inEvent      bool // a scenario event rebuilds the clients once at its end
+	trace        io.Writer
 }
 
 const (
@@ -265,6 +295,13 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 		lat:         newHistogram(),
 		convFrom:    -1,
 		modes:       map[string]int{},
+		lb:          def.lb,
+	}
+	if sc.PerMinute {
+		n := int(math.Ceil((s.end - s.warmup) / 60))
+		for range n {
+			s.perMinute = append(s.perMinute, newHistogram())
+		}
 	}
 	if s.lognormal {
 		s.workSigma = sc.Work.Sigma
@@ -283,6 +320,7 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 			s.pods = append(s.pods, simPod{
 				name: n, class: g.HardwareClass, locality: g.Locality,
 				cores: int32(g.Cores), speed: g.Speed, initial: initial,
+				noLimit: g.NoLimit, cpuRequest: g.CPURequest, nodeCores: g.NodeCores,
 				phase: phases.Float64(),
 			})
 		}
@@ -340,8 +378,18 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 		s.ctl = &seedMainCtl{}
 		s.needProm = true
 	case ctlOptimizer, ctlOptimizerCPU:
-		s.ctl = newOptimizerCtl(sc, def.ctl == ctlOptimizerCPU)
+		// The operator's default: Istio's LEAST_REQUEST (over the weights
+		// the ServiceEntry carries, equal at first) until the engine has
+		// learned, then weighted ROUND_ROBIN.
+		s.lb = lbWLR
+		s.ctl = newOptimizerCtl(sc, def.ctl == ctlOptimizerCPU, true)
 		s.needProm = true
+	case ctlOptimizerLR:
+		s.ctl = newOptimizerCtl(sc, false, false)
+		s.needProm = true
+	}
+	if s.needProm && (def.ctl == ctlOptimizer || def.ctl == ctlOptimizerCPU || def.ctl == ctlOptimizerLR) {
+		s.optIn = sc.OptIn.Seconds()
 	}
 	return s
 }
@@ -423,15 +471,23 @@ func (s *sim) run() StrategyResult {
 	for _, h := range s.hosts {
 		s.podTimers(h, 0)
 	}
-	for k := 1; float64(k)*s.cycleLen <= s.end; k++ {
-		s.push(event{t: float64(k) * s.cycleLen, kind: evCycle})
+	if s.optIn > 0 {
+		// Opt-in: the operator starts and runs its first cycle at once.
+		s.push(event{t: s.optIn, kind: evOptIn})
+		for k := 1; s.optIn+float64(k)*s.cycleLen <= s.end; k++ {
+			s.push(event{t: s.optIn + float64(k)*s.cycleLen, kind: evCycle})
+		}
+	} else {
+		for k := 1; float64(k)*s.cycleLen <= s.end; k++ {
+			s.push(event{t: float64(k) * s.cycleLen, kind: evCycle})
+		}
 	}
 	for _, i := range s.events {
 		s.push(event{t: s.sc.Events[i].At.Seconds(), kind: evScenario, pod: int32(i)})
 	}
 	s.push(event{t: s.warmup, kind: evWarmup})
 	s.push(event{t: s.end, kind: evEnd})
-	if s.ctl != nil {
+	if s.ctl != nil && s.optIn == 0 {
 		s.ctl.start(s)
 	}
 	s.measureConvergence()
@@ -461,6 +517,10 @@ func (s *sim) run() StrategyResult {
 			s.orcaTick(e.pod)
 		case evScenario:
 			s.applyEvent(&s.sc.Events[e.pod])
+		case evOptIn:
+			s.ctl.start(s)
+			s.ctl.cycle(s)
+			s.measureConvergence()
 		case evWarmup:
 			for _, h := range s.hosts {
 				s.openMeasure(h)
@@ -525,6 +585,12 @@ func (s *sim) completion(e event) {
 	pod.advance(t)
 	pod.busy--
 	pod.reqs++
+	pod.latSum += t - e.arr
+	if s.perMinute != nil {
+		if m := int((e.arr - s.warmup) / 60); e.arr >= s.warmup && m < len(s.perMinute) {
+			s.perMinute[m].add(t - e.arr)
+		}
+	}
 	if e.arr >= s.warmup {
 		lat := t - e.arr
 		s.lat.add(lat)
@@ -550,7 +616,7 @@ func (s *sim) completion(e event) {
 
 // pick is the client's load balancer.
 func (s *sim) pick(c *simClient, ci int32) int32 {
-	switch s.def.lb {
+	switch s.lb {
 	case lbWRR:
 		if !c.equal {
 			return c.edf.Pick(c.w)
@@ -593,17 +659,29 @@ func (s *sim) rebuild(ci int32) {
 			break
 		}
 	}
-	if c.equal || (s.def.lb != lbWRR && s.def.lb != lbWLR) {
+	if c.equal || (s.lb != lbWRR && s.lb != lbWLR) {
 		return
 	}
 	row := s.active[int(ci)*s.P : int(ci+1)*s.P]
 	weight := func(h int32) float64 {
-		if s.def.lb == lbWLR {
+		if s.lb == lbWLR {
 			return c.w[h] / float64(row[h]+1)
 		}
 		return c.w[h]
 	}
 	c.edf.Rebuild(s.hosts, weight, int(c.seed%uint64(len(s.hosts))))
+}
+
+// setLB switches every client's load balancer (a DestinationRule change:
+// Envoy builds a new load balancer, so the schedulers are rebuilt).
+func (s *sim) setLB(lb lbMode) {
+	if s.lb == lb {
+		return
+	}
+	s.lb = lb
+	for ci := range s.clients {
+		s.rebuild(int32(ci))
+	}
 }
 
 // publish sends centrally computed weights (by pod index) to every client.
@@ -696,7 +774,7 @@ func (s *sim) scrape(h int32) {
 		return
 	}
 	p.advance(s.now)
-	p.samples[p.sN%promRing] = promSample{t: s.now, cpu: p.cpu, req: p.reqs}
+	p.samples[p.sN%promRing] = promSample{t: s.now, cpu: p.cpu, req: p.reqs, latSum: p.latSum}
 	p.sN++
 	if next := s.now + s.scrapeEvery; next <= s.end {
 		s.push(event{t: next, kind: evScrape, pod: h})
@@ -706,7 +784,7 @@ func (s *sim) scrape(h int32) {
 // promRate is PromQL rate(counter[window]) evaluated now for one pod: the
 // samples in (now-window, now], extrapolated like Prometheus does. ok=false
 // with fewer than two samples.
-func (s *sim) promRate(h int32, cpu bool) (float64, bool) {
+func (s *sim) promRate(h int32, series promSeries) (float64, bool) {
 	p := &s.pods[h]
 	var ts, vs [promRing]float64
 	n := 0
@@ -716,10 +794,13 @@ func (s *sim) promRate(h int32, cpu bool) (float64, bool) {
 		x := p.samples[i%promRing]
 		if x.t > lo && x.t <= s.now {
 			ts[n] = x.t
-			if cpu {
+			switch series {
+			case seriesCPU:
 				vs[n] = x.cpu
-			} else {
+			case seriesReqs:
 				vs[n] = x.req
+			default:
+				vs[n] = x.latSum
 			}
 			n++
 		}
@@ -889,24 +970,30 @@ func (s *sim) measureConvergence() {
 
 // StrategyResult is one strategy's measurements on one scenario.
 type StrategyResult struct {
-	Name          string         `json:"name"`
-	P50Ms         float64        `json:"p50_ms"`
-	P99Ms         float64        `json:"p99_ms"`
-	P999Ms        float64        `json:"p999_ms"`
-	MaxMeanUtil   float64        `json:"max_mean_util"`
-	Publications  int            `json:"publications"`
-	ConvergeCycle int            `json:"converge_cycle"`
-	MinMeanUtil   float64        `json:"min_mean_util"`
-	MeanMs        float64        `json:"mean_ms"`
-	MaxQueue      int            `json:"max_queue"`
-	P99AfterMs    *float64       `json:"p99_after_event_ms,omitempty"`
-	Requests      uint64         `json:"requests"`
-	Modes         map[string]int `json:"optimizer_modes,omitempty"`
-	Notes         []string       `json:"notes,omitempty"`
-	ElapsedSec    float64        `json:"-"`
-	Arrivals      uint64         `json:"-"`
-	ArrivalHash   uint64         `json:"-"`
-	Utilisation   []float64      `json:"-"` // by pod index, NaN when never measured
+	Name          string   `json:"name"`
+	P50Ms         float64  `json:"p50_ms"`
+	P99Ms         float64  `json:"p99_ms"`
+	P999Ms        float64  `json:"p999_ms"`
+	MaxMeanUtil   float64  `json:"max_mean_util"`
+	Publications  int      `json:"publications"`
+	ConvergeCycle int      `json:"converge_cycle"`
+	MinMeanUtil   float64  `json:"min_mean_util"`
+	MeanMs        float64  `json:"mean_ms"`
+	MaxQueue      int      `json:"max_queue"`
+	P99AfterMs    *float64 `json:"p99_after_event_ms,omitempty"`
+	P999AfterMs   *float64 `json:"p999_after_event_ms,omitempty"`
+	// P99PerMinuteMs: p99 of the requests that arrived in each minute
+	// after the warm-up (Scenario.PerMinute).
+	P99PerMinuteMs []float64 `json:"p99_per_minute_ms,omitempty"`
+	// LearnedAt: first cycle time (s) the engine reported Learned; -1 never.
+	LearnedAt   float64        `json:"learned_at_s,omitempty"`
+	Requests    uint64         `json:"requests"`
+	Modes       map[string]int `json:"optimizer_modes,omitempty"`
+	Notes       []string       `json:"notes,omitempty"`
+	ElapsedSec  float64        `json:"-"`
+	Arrivals    uint64         `json:"-"`
+	ArrivalHash uint64         `json:"-"`
+	Utilisation []float64      `json:"-"` // by pod index, NaN when never measured
 }
 
 func (s *sim) result(elapsed time.Duration) StrategyResult {
@@ -928,9 +1015,17 @@ func (s *sim) result(elapsed time.Duration) StrategyResult {
 	if len(s.modes) > 0 {
 		r.Modes = s.modes
 	}
+	if o, ok := s.ctl.(*optimizerCtl); ok {
+		r.LearnedAt = o.learnedAt
+	}
+	for _, h := range s.perMinute {
+		r.P99PerMinuteMs = append(r.P99PerMinuteMs, h.quantile(0.99)*1e3)
+	}
 	if s.latAfter != nil {
 		v := s.latAfter.quantile(0.99) * 1e3
 		r.P99AfterMs = &v
+		v9 := s.latAfter.quantile(0.999) * 1e3
+		r.P999AfterMs = &v9
 	}
 	sum, n, mx, mn := 0.0, 0, 0.0, math.Inf(1)
 	r.Utilisation = make([]float64, s.P)

@@ -445,3 +445,71 @@ func TestTableAndJSONOutput(t *testing.T) {
 	}
 	_ = os.Stdout
 }
+
+// The optimizer's default mode is the operator's: nothing before opt-in
+// (Istio's LEAST_REQUEST over equal weights), weighted LEAST_REQUEST until
+// the engine reports Learned, then weighted ROUND_ROBIN; optimizer_lr
+// stays on LEAST_REQUEST.
+func TestOptInAndLoadBalancerFollowLearned(t *testing.T) {
+	sc := mustParse(t, `
+pods:
+  - {name: fast, count: 2, cores: 2, speed: 1.0}
+  - {name: slow, count: 2, cores: 2, speed: 0.4}
+clients: 4
+load: 0.7
+duration: 240s
+warmup: 60s
+opt_in: 60s
+per_minute: true
+work: {mean: 10ms}
+seed: 3
+`)
+	s, r := runSim(t, sc, "optimizer")
+	if r.LearnedAt < 60 {
+		t.Errorf("Learned at %vs, want at or after the opt-in at 60s", r.LearnedAt)
+	}
+	if s.lb != lbWRR {
+		t.Errorf("optimizer ends on load balancer %d, want weighted ROUND_ROBIN once learned", s.lb)
+	}
+	if len(r.P99PerMinuteMs) != 3 {
+		t.Errorf("%d per-minute p99s, want 3 (180 s after the warm-up)", len(r.P99PerMinuteMs))
+	}
+	s, _ = runSim(t, sc, "optimizer_lr")
+	if s.lb != lbWLR {
+		t.Errorf("optimizer_lr ends on load balancer %d, want weighted LEAST_REQUEST", s.lb)
+	}
+}
+
+// Pods without limits: the engine sees Cores 0 with the request and node
+// CPU; the sidecar latency it gets is the scraped histogram's mean.
+func TestNoLimitPodsAndLatencySignal(t *testing.T) {
+	sc := mustParse(t, `
+pods:
+  - {name: big, count: 1, cores: 4, no_limit: true, node_cores: 16}
+  - {name: small, count: 1, cores: 1, no_limit: true, cpu_request: 0.5}
+clients: 2
+load: 0.5
+duration: 120s
+warmup: 10s
+work: {mean: 10ms}
+seed: 1
+`)
+	def, _ := strategyByName("optimizer")
+	s := newSim(sc, def)
+	o := s.ctl.(*optimizerCtl)
+	pods := o.pods(s)
+	want := map[string][3]float64{"big-0": {0, 1, 16}, "small-0": {0, 0.5, 2}}
+	for _, p := range pods {
+		if w := want[p.Name]; p.Cores != w[0] || p.CPURequest != w[1] || p.NodeCores != w[2] {
+			t.Errorf("%s: cores %v, request %v, node %v; want %v", p.Name, p.Cores, p.CPURequest, p.NodeCores, w)
+		}
+	}
+	s.run()
+	for _, h := range s.hosts {
+		sum, ok1 := s.promRate(h, seriesLatSum)
+		n, ok2 := s.promRate(h, seriesReqs)
+		if !ok1 || !ok2 || !(sum/n >= 0.01*0.5) || sum/n > 1 {
+			t.Errorf("%s: mean latency %v s from the scraped histogram, want about the 10 ms of work or more", s.pods[h].name, sum/n)
+		}
+	}
+}

@@ -1,0 +1,147 @@
+package weights
+
+import (
+	"math"
+	"time"
+)
+
+// Pods without a CPU limit (Pod.Cores = 0) can use what their node leaves
+// them, which no API reports. Their speed per core still shows (requests
+// per CPU-second), but a pod's capacity is that speed times its cores, so
+// the cores must be estimated.
+//
+// The sidecar's latency shows them. Over a window a pod serves r requests
+// per second using u cores (u busy workers on average), so each request
+// takes s = u/r CPU-seconds, and the mean time a request waited in the pod
+// before being served is W = latency - s. For a pod of c cores fed about
+// r requests per second (the sum of many clients' streams is close to
+// Poisson), queueing theory (Erlang C) ties the three: W/s =
+// ErlangC(c, u)/(c - u), which falls steeply as c grows past u. The
+// engine solves it for c. The answer does not depend on how loaded the pod
+// is, only on how its queue behaves at that load: a pod with spare cores
+// shows almost no wait at a CPU use where a pod without them queues.
+//
+// The estimate is bounded below by the pod's CPU request and by the CPU it
+// was seen to use, and above by its node's allocatable CPU. A tiny wait
+// only says the pod has at least the cores that would show that wait; the
+// wait is floored at minWaitRatio for that. Estimates are averaged in log
+// scale over cycles (coresGain), from windows over which the pod's share of
+// the traffic held (a mean wait over a window whose load changed says
+// little). Until a pod has one, its cores are the geometric mean of its
+// bounds; without latency data (CPU only), that is all there is.
+
+const (
+	// minWaitRatio is the least wait, relative to the CPU time per
+	// request, taken as measured: below it the latency and CPU series, which
+	// are scraped apart, cannot tell a wait from noise.
+	minWaitRatio = 0.02
+	// coresGain is the weight of a new cores observation once a few are in.
+	coresGain = 0.25
+	// steadyShare: a window in which the pod's traffic share moved by more
+	// than this ratio does not measure its cores.
+	steadyShare = 1.1
+	// maxSolveCores bounds the cores the solver considers.
+	maxSolveCores = 1024
+)
+
+// coresBounds returns the range the pod's cores can be in, from its CPU
+// request and its node's allocatable CPU (0 for an unknown end).
+func coresBounds(pod Pod) (lo, hi float64) {
+	if pod.CPURequest > 0 && pod.CPURequest <= maxCores {
+		lo = pod.CPURequest
+	}
+	if pod.NodeCores > 0 && pod.NodeCores <= maxCores {
+		hi = pod.NodeCores
+	}
+	if hi > 0 && lo > hi {
+		lo = hi // a request above the node's CPU: trust the node
+	}
+	return lo, hi
+}
+
+// coresOf returns the cores the engine takes the pod to have: its limit,
+// else its estimate, else the middle of its bounds; 0 when nothing is known.
+func (e *Engine) coresOf(pod Pod) float64 {
+	if knownCores(pod) {
+		return pod.Cores
+	}
+	if st := e.pods[pod.Name]; st != nil && st.cores > 0 {
+		return st.cores
+	}
+	lo, hi := coresBounds(pod)
+	switch {
+	case lo > 0 && hi > 0:
+		return math.Sqrt(lo * hi)
+	case lo > 0:
+		return lo
+	default:
+		return hi
+	}
+}
+
+// estimateCores updates the cores estimate of every pod without a limit
+// from this cycle's signals.
+func (e *Engine) estimateCores(now time.Time, set []Pod, sig signals, shares []shareSpan) {
+	for i, pod := range set {
+		if knownCores(pod) {
+			continue
+		}
+		ps := sig.pods[i]
+		if !ps.hasCPU || ps.cpu <= 0 || !ps.hasRequests || ps.requests <= 0 || !ps.hasLatency {
+			continue
+		}
+		if !shares[i].ok || shares[i].hi > steadyShare*shares[i].lo || e.warming(pod, now) {
+			continue
+		}
+		lo, hi := coresBounds(pod)
+		lo = max(lo, ps.cpu)
+		if hi <= 0 {
+			hi = maxSolveCores
+		}
+		hi = max(hi, lo)
+		perRequest := ps.cpu / ps.requests
+		wait := max(ps.latency/perRequest-1, minWaitRatio)
+		c := min(max(coresForWait(ps.cpu, wait, hi), lo), hi)
+
+		st := e.state(pod.Name)
+		if st.cores <= 0 || st.coresMeasured == 0 {
+			st.cores = c
+		} else {
+			g := max(coresGain, 1/float64(st.coresMeasured+1))
+			st.cores = math.Exp((1-g)*math.Log(st.cores) + g*math.Log(c))
+		}
+		st.cores = min(max(st.cores, lo), hi)
+		st.coresMeasured = min(st.coresMeasured+1, maxMeasurements)
+	}
+}
+
+// coresForWait solves ErlangC(c, a)/(c-a) = wait for c in (a, hi]: the
+// cores of a pod that, busy a cores on average, makes requests wait wait
+// times their service time. The left side falls as c grows; between
+// integers, 1/wait is interpolated linearly (from 0 at c = a). It returns hi
+// when even hi cores would make requests wait that long or longer.
+func coresForWait(a, wait, hi float64) float64 {
+	if !(a > 0) || !(wait > 0) {
+		return hi
+	}
+	limit := min(hi, maxSolveCores)
+	// Erlang B by its stable recursion, B(0) = 1.
+	b := 1.0
+	prevC, prevInv := a, 0.0 // at c = a the wait is infinite
+	for n := 1; float64(n) <= limit+1; n++ {
+		b = a * b / (float64(n) + a*b)
+		c := float64(n)
+		if c <= a {
+			continue
+		}
+		erlangC := c * b / (c - a*(1-b))
+		inv := (c - a) / erlangC // 1/(wait ratio) at c cores
+		if inv >= 1/wait {
+			// Between prevC and c.
+			t := (1/wait - prevInv) / (inv - prevInv)
+			return min(prevC+t*(c-prevC), limit)
+		}
+		prevC, prevInv = c, inv
+	}
+	return limit
+}

@@ -1,0 +1,167 @@
+package weights
+
+import (
+	"math"
+	"testing"
+)
+
+// erlangWait is the M/M/c mean wait over the service time, from the
+// textbook sum (not the recursion the engine uses).
+func erlangWait(c int, a float64) float64 {
+	sum, term := 0.0, 1.0
+	for k := 0; k < c; k++ {
+		if k > 0 {
+			term *= a / float64(k)
+		}
+		sum += term
+	}
+	top := term * a / float64(c) * float64(c) / (float64(c) - a) // a^c/c! * c/(c-a)
+	return top / (sum + top) / (float64(c) - a)
+}
+
+func TestCoresForWaitInvertsErlangC(t *testing.T) {
+	tests := map[string]struct {
+		cores int
+		util  float64
+	}{
+		"1 core at 80%":   {1, 0.8},
+		"2 cores at 80%":  {2, 0.8},
+		"4 cores at 50%":  {4, 0.5},
+		"8 cores at 90%":  {8, 0.9},
+		"8 cores at 30%":  {8, 0.3},
+		"32 cores at 95%": {32, 0.95},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			a := tc.util * float64(tc.cores)
+			got := coresForWait(a, erlangWait(tc.cores, a), 64)
+			if math.Abs(got-float64(tc.cores)) > 1e-6 {
+				t.Errorf("coresForWait = %v, want %d", got, tc.cores)
+			}
+		})
+	}
+	if got := coresForWait(1.5, 1e-30, 16); got != 16 {
+		t.Errorf("no wait at all: got %v, want the upper bound 16", got)
+	}
+	if got := coresForWait(1.5, 1e9, 16); got < 1.5 || got > 2 {
+		t.Errorf("endless wait at 1.5 busy cores: got %v, want just above 1.5", got)
+	}
+}
+
+// Pods without limits on unequal nodes: the engine is told only their
+// requests and nodes, and the sidecar latency shows their cores.
+func TestCoresWithoutLimitsFromLatency(t *testing.T) {
+	cores := map[string]int{"one": 1, "two": 2, "four": 4, "eight": 8}
+	pods := podsNamed("one", "two", "four", "eight")
+	for i := range pods {
+		pods[i].CPURequest, pods[i].NodeCores = 0.5, 16
+	}
+	e := New(DefaultParams())
+	now := t0
+	e.Applied(now, e.Weights(now, pods))
+	var res Result
+	for range 12 {
+		now = now.Add(quiet)
+		// 70% of the total capacity, split by the live weights; each pod's
+		// latency is what an M/M/c queue of its cores shows at its load
+		// (10 ms of CPU per request), capped below saturation.
+		sum := 0.0
+		for _, w := range e.live {
+			sum += float64(w)
+		}
+		obs := Observation{Time: now, Signals: map[string]Signal{}}
+		for name, c := range cores {
+			rate := 0.7 * 15 * 100 * float64(e.live[name]) / sum
+			busy := min(rate*0.01, 0.98*float64(c))
+			obs.Signals[name] = Signal{CPU: busy, Requests: busy * 100, Latency: 0.01 * (1 + erlangWait(c, busy))}
+		}
+		res = cycle(e, pods, obs)
+	}
+	total := 0.0
+	for _, c := range res.Capacity {
+		total += c
+	}
+	for name, c := range cores {
+		want := float64(c) / 15
+		if got := res.Capacity[name] / total; !near(got, want, 0.1) {
+			t.Errorf("%s: capacity share %.3f, want %.3f", name, got, want)
+		}
+	}
+	if !res.Learned {
+		t.Errorf("not Learned: %s", res.Message)
+	}
+}
+
+func TestLatencySplit(t *testing.T) {
+	tests := map[string]struct {
+		cores, speed []float64
+		load         float64 // share of the total capacity
+		check        func(t *testing.T, split, capacity []float64)
+		ok           bool
+	}{
+		"identical pods get equal traffic at any load": {
+			cores: []float64{2, 2, 2}, speed: []float64{1, 1, 1}, load: 0.3, ok: true,
+			check: func(t *testing.T, split, _ []float64) {
+				if !near(split[0], split[1], 1e-6) || !near(split[1], split[2], 1e-6) {
+					t.Errorf("split %v, want equal", split)
+				}
+			},
+		},
+		"low load favours the fast pods": {
+			cores: []float64{2, 2}, speed: []float64{1, 0.35}, load: 0.2, ok: true,
+			check: func(t *testing.T, split, capacity []float64) {
+				if split[1]/capacity[1] > 0.5*split[0]/capacity[0] {
+					t.Errorf("slow pod at %.2f of its capacity, fast at %.2f: want the slow one far less used",
+						split[1]/capacity[1], split[0]/capacity[0])
+				}
+			},
+		},
+		"near full load the split tends to capacity shares": {
+			cores: []float64{2, 2}, speed: []float64{1, 0.35}, load: 0.95, ok: true,
+			check: func(t *testing.T, split, capacity []float64) {
+				if u0, u1 := split[0]/capacity[0], split[1]/capacity[1]; !near(u1/u0, 1, 0.1) {
+					t.Errorf("utilisations %.3f and %.3f, want within 10%%", u0, u1)
+				}
+			},
+		},
+		"more cores take more at the same speed": {
+			cores: []float64{1, 8}, speed: []float64{1, 1}, load: 0.6, ok: true,
+			check: func(t *testing.T, split, _ []float64) {
+				if split[1] < 8*split[0] {
+					t.Errorf("split %v: want the 8-core pod to take at least 8 times the 1-core pod", split)
+				}
+			},
+		},
+		"over capacity: no split": {
+			cores: []float64{2, 2}, speed: []float64{1, 0.5}, load: 1.2, ok: false,
+		},
+		"unknown cores: no split": {
+			cores: []float64{0, 2}, speed: []float64{1, 0.5}, load: 0.5, ok: false,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			capacity := make([]float64, len(tc.cores))
+			total := 0.0
+			for i := range capacity {
+				capacity[i] = tc.cores[i] * tc.speed[i]
+				total += capacity[i]
+			}
+			split, ok := latencySplit(tc.cores, tc.speed, tc.load*total)
+			if ok != tc.ok {
+				t.Fatalf("ok = %v, want %v", ok, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			sum := 0.0
+			for _, v := range split {
+				sum += v
+			}
+			if !near(sum, tc.load*total, 1e-6) {
+				t.Errorf("split sums to %v, want the load %v", sum, tc.load*total)
+			}
+			tc.check(t, split, capacity)
+		})
+	}
+}

@@ -1,0 +1,131 @@
+package weights
+
+import "math"
+
+// Capacity shares give every pod the same utilisation, which is what a
+// busy Service needs. A Service with room to spare is better served by
+// sending more to the pods that finish a request sooner: at 20% load a
+// request on a pod of speed 0.35 takes three times as long as on a pod of
+// speed 1, and the queue it would have waited in on the fast pod is
+// short. The split that minimises the mean time of a request gives every
+// pod in use the same marginal cost: for pod i with speed per core v,
+// c cores and utilisation rho, the time of a request is (1/v)(1 + w(rho)),
+// w the mean wait over the service time; the marginal cost of sending it
+// one more request is (1/v)(1 + d(rho w)/d rho). Pods whose cost at zero
+// load (1/v) is above the common marginal cost get nothing (the MaxRatio
+// floor). w is Sakasegawa's approximation of the M/M/c wait,
+// rho^(sqrt(2(c+1))-1) / (c(1-rho)). As the load nears the capacity,
+// every pod's marginal cost is dominated by its queue and the split tends
+// to capacity shares; at low load it favours the fast pods.
+//
+// The offered load is measured each cycle as the pods' busy cores times
+// their speed per core (requests served, in units of work), so it does
+// not depend on how the traffic was split.
+
+const (
+	// splitIterations bounds the bisections of the split.
+	splitIterations = 48
+	// splitFullBelow and splitNoneFrom: the split is used in full below
+	// this share of the capacity, not at all from that one up, blended in
+	// between (see targets).
+	splitFullBelow = 0.4
+	splitNoneFrom  = 0.6
+	// offeredGain is the weight of a new measurement of the offered load.
+	offeredGain = 0.25
+	// maxSplitLoad: above this share of the capacity the split is plain
+	// capacity shares (the optimum there is within noise of them).
+	maxSplitLoad = 0.98
+)
+
+// sakasegawaCost is d(rho w)/d rho for c cores at utilisation rho.
+func sakasegawaCost(c, rho float64) float64 {
+	if rho <= 0 {
+		return 0
+	}
+	k := math.Sqrt(2*(c+1)) - 1
+	return math.Pow(rho, k) * ((k+1)*(1-rho) + rho) / (c * (1 - rho) * (1 - rho))
+}
+
+// utilisationAt is the rho in [0, 1) where (1/v)(1 + cost(rho)) = m.
+func utilisationAt(c, v, m float64) float64 {
+	target := m*v - 1
+	if target <= 0 {
+		return 0
+	}
+	lo, hi := 0.0, 1.0
+	for range splitIterations {
+		mid := (lo + hi) / 2
+		if sakasegawaCost(c, mid) < target {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// latencySplit returns the traffic each pod should get (in units of work
+// per time) to minimise the mean time of a request, for pods of cores c
+// and speed per core v at an offered load; ok is false when it does not
+// apply (no load known, cores unknown, or the load near the capacity).
+func latencySplit(c, v []float64, load float64) (out []float64, ok bool) {
+	capacity := 0.0
+	for i := range c {
+		if !(c[i] > 0) || !(v[i] > 0) || math.IsInf(c[i]*v[i], 0) {
+			return nil, false
+		}
+		capacity += c[i] * v[i]
+	}
+	if !(load > 0) || load >= maxSplitLoad*capacity {
+		return nil, false
+	}
+	total := func(m float64) float64 {
+		sum := 0.0
+		for i := range c {
+			sum += c[i] * v[i] * utilisationAt(c[i], v[i], m)
+		}
+		return sum
+	}
+	// The common marginal cost lies between the fastest pod's time at
+	// zero load and a cost high enough to fill every pod to the load.
+	lo := math.Inf(1)
+	for i := range v {
+		lo = min(lo, 1/v[i])
+	}
+	hi := 2 * lo
+	for k := 0; total(hi) < load; k++ {
+		if k > 60 {
+			return nil, false
+		}
+		hi *= 2
+	}
+	for range splitIterations {
+		mid := math.Sqrt(lo * hi)
+		if total(mid) < load {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	out = make([]float64, len(c))
+	for i := range c {
+		out[i] = c[i] * v[i] * utilisationAt(c[i], v[i], hi)
+	}
+	return out, true
+}
+
+// offeredLoad is the work the pods did over the window: the sum of busy
+// cores times speed per core, over pods with CPU data; 0 unless every pod
+// has it (a partial sum would understate the load).
+func (e *Engine) offeredLoad(set []Pod, sig signals) float64 {
+	_, perCore := e.capacitiesPerCore(set)
+	sum := 0.0
+	for i := range set {
+		ps := sig.pods[i]
+		if !ps.hasCPU {
+			return 0
+		}
+		sum += ps.cpu * perCore[i]
+	}
+	return sum
+}
