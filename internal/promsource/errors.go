@@ -155,3 +155,22 @@ type WarningsError struct {
 func (e *WarningsError) Error() string {
 	return "metrics backend warnings: " + strings.Join(e.Warnings, "; ")
 }
+
+// ResponseTooLargeError means the answer was longer than the configured
+// limit (Config.MaxResponseBytes); it was not read further, so memory stays
+// bounded. The query selects far more series than pods: a template that does
+// not aggregate by pod, or labels that match other workloads.
+type ResponseTooLargeError struct {
+	// Limit is the limit in bytes.
+	Limit int64
+	// Declared is the length the backend announced (Content-Length), -1 if
+	// it did not and the limit was reached while reading.
+	Declared int64
+}
+
+func (e *ResponseTooLargeError) Error() string {
+	if e.Declared >= 0 {
+		return fmt.Sprintf("metrics answer of %d bytes exceeds the %d-byte limit (aggregate the query by pod, or raise --prometheus-max-response-bytes)", e.Declared, e.Limit)
+	}
+	return fmt.Sprintf("metrics answer exceeds the %d-byte limit (aggregate the query by pod, or raise --prometheus-max-response-bytes)", e.Limit)
+}

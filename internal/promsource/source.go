@@ -9,7 +9,6 @@
 package promsource
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +24,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/liorfranko/istio-adaptive-least-request/internal/textutil"
 	"github.com/prometheus/client_golang/api"
 	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
@@ -61,6 +61,9 @@ type Config struct {
 	// Headers are added to every request, for example X-Scope-OrgID for Mimir,
 	// Cortex or Loki-style multi-tenancy.
 	Headers map[string]string
+	// MaxResponseBytes bounds the size of one answer; a longer one fails with
+	// a *ResponseTooLargeError. Zero means DefaultMaxResponseBytes.
+	MaxResponseBytes int64
 }
 
 // Source queries one backend. It is safe for concurrent use; share one Source
@@ -92,6 +95,13 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("timeout must not be negative, got %v", cfg.Timeout)
 	}
+	if cfg.MaxResponseBytes < 0 {
+		return nil, fmt.Errorf("maximum response size must not be negative, got %d", cfg.MaxResponseBytes)
+	}
+	maxResponse := cfg.MaxResponseBytes
+	if maxResponse == 0 {
+		maxResponse = DefaultMaxResponseBytes
+	}
 	timeout := cfg.Timeout
 	if timeout == 0 {
 		timeout = DefaultTimeout
@@ -100,7 +110,7 @@ func New(cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := api.NewClient(api.Config{Address: cfg.URL, RoundTripper: rt})
+	client, err := api.NewClient(api.Config{Address: cfg.URL, RoundTripper: &limitTransport{next: rt, max: maxResponse}})
 	if err != nil {
 		return nil, err
 	}
@@ -264,6 +274,10 @@ func (s *Source) classify(ctx context.Context, err error, exch *exchange) error 
 	if errors.As(err, &cred) {
 		return cred
 	}
+	var tooLarge *ResponseTooLargeError
+	if errors.As(err, &tooLarge) {
+		return tooLarge
+	}
 	status, body := exch.result()
 	var apiErr *v1.Error
 	if errors.As(err, &apiErr) {
@@ -272,7 +286,7 @@ func (s *Source) classify(ctx context.Context, err error, exch *exchange) error 
 			return badResponse(status, apiErr.Msg, body)
 		case status/100 == 2:
 			// "status":"error" in a 2xx answer.
-			return &ServerError{StatusCode: status, Type: string(apiErr.Type), Message: apiErr.Msg}
+			return &ServerError{StatusCode: status, Type: string(apiErr.Type), Message: textutil.Printable(apiErr.Msg, maxMessage)}
 		default:
 			typ, msg := errorFromBody(body)
 			if typ == "" {
@@ -281,7 +295,7 @@ func (s *Source) classify(ctx context.Context, err error, exch *exchange) error 
 			if msg == "" {
 				msg = apiErr.Msg
 			}
-			return &ServerError{StatusCode: status, Type: typ, Message: msg}
+			return &ServerError{StatusCode: status, Type: textutil.Printable(typ, 64), Message: textutil.Printable(msg, maxMessage)}
 		}
 	}
 	var netErr net.Error
@@ -308,8 +322,12 @@ func badResponse(status int, msg string, body []byte) error {
 	if json.Unmarshal(body, &doc) == nil && doc.Data.ResultType != "" && doc.Data.ResultType != "vector" {
 		return &ResultTypeError{Got: doc.Data.ResultType}
 	}
-	return &BadResponseError{StatusCode: status, Msg: msg}
+	return &BadResponseError{StatusCode: status, Msg: textutil.Printable(msg, maxMessage)}
 }
+
+// maxMessage bounds the backend's own words kept in an error, so that a
+// status message or a log line built from it stays small and printable.
+const maxMessage = 512
 
 // errorFromBody extracts the error type and message from an error answer: a
 // Prometheus API document if it is one, else the start of the body as text.
@@ -322,12 +340,7 @@ func errorFromBody(body []byte) (typ, msg string) {
 	if json.Unmarshal(body, &doc) == nil && doc.Error != "" {
 		return doc.ErrorType, doc.Error
 	}
-	text := strings.TrimSpace(string(bytes.ToValidUTF8(body, []byte("?"))))
-	const max = 512
-	if len(text) > max {
-		text = text[:max] + "..."
-	}
-	return "", text
+	return "", strings.TrimSpace(textutil.Printable(string(body[:min(len(body), 4*maxMessage)]), maxMessage))
 }
 
 // exchange records the last HTTP status and body of one query, so that errors can
