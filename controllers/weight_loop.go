@@ -291,10 +291,13 @@ func queryErrorReason(err error) string {
 		bad         *promsource.BadResponseError
 		tmpl        *promsource.TemplateError
 		tooLarge    *promsource.ResponseTooLargeError
+		tooLong     *promsource.QueryTooLongError
 	)
 	switch {
 	case errors.As(err, &tooLarge):
 		return "too_large"
+	case errors.As(err, &tooLong):
+		return "query_too_long"
 	case errors.As(err, &unreachable):
 		return "unreachable"
 	case errors.As(err, &server):

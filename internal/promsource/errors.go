@@ -174,3 +174,13 @@ func (e *ResponseTooLargeError) Error() string {
 	}
 	return fmt.Sprintf("metrics answer exceeds the %d-byte limit (aggregate the query by pod, or raise --prometheus-max-response-bytes)", e.Limit)
 }
+
+// QueryTooLongError means the template rendered for a single pod is already
+// longer than the maximum query length, so no chunking can help.
+type QueryTooLongError struct {
+	Length, Limit int
+}
+
+func (e *QueryTooLongError) Error() string {
+	return fmt.Sprintf("the query for a single pod is %d bytes, longer than the %d-byte limit (shorten the template or raise --prometheus-max-query-length)", e.Length, e.Limit)
+}

@@ -3,9 +3,10 @@
 // VictoriaMetrics single or cluster, Thanos, Mimir. The base URL may carry a path
 // prefix (http://host/prometheus, http://vmselect:8481/select/0/prometheus).
 //
-// A Source sends exactly one instant query per call, whatever the number of pods,
-// and turns the answer into one value per pod, with a typed error for every way the
-// answer can be wrong.
+// A Source sends one instant query per call, split into chunks of pods only
+// when the query would be longer than a configurable limit (VictoriaMetrics
+// refuses queries over 16 KiB by default), and turns the answer into one value
+// per pod, with a typed error for every way the answer can be wrong.
 package promsource
 
 import (
@@ -64,6 +65,10 @@ type Config struct {
 	// MaxResponseBytes bounds the size of one answer; a longer one fails with
 	// a *ResponseTooLargeError. Zero means DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+	// MaxQueryLength bounds the length of one rendered query in bytes; a
+	// longer one is sent in chunks of pods (see Source.Query). Zero means
+	// DefaultMaxQueryLength.
+	MaxQueryLength int
 }
 
 // Source queries one backend. It is safe for concurrent use; share one Source
@@ -72,6 +77,7 @@ type Source struct {
 	api       v1.API
 	transport *authTransport
 	timeout   time.Duration
+	maxQuery  int
 	url       string // redacted, for errors
 
 	templates sync.Map // template text -> *template.Template
@@ -98,6 +104,13 @@ func New(cfg Config) (*Source, error) {
 	if cfg.MaxResponseBytes < 0 {
 		return nil, fmt.Errorf("maximum response size must not be negative, got %d", cfg.MaxResponseBytes)
 	}
+	if cfg.MaxQueryLength < 0 || cfg.MaxQueryLength > 0 && cfg.MaxQueryLength < MinMaxQueryLength {
+		return nil, fmt.Errorf("maximum query length must be at least %d bytes, got %d", MinMaxQueryLength, cfg.MaxQueryLength)
+	}
+	maxQuery := cfg.MaxQueryLength
+	if maxQuery == 0 {
+		maxQuery = DefaultMaxQueryLength
+	}
 	maxResponse := cfg.MaxResponseBytes
 	if maxResponse == 0 {
 		maxResponse = DefaultMaxResponseBytes
@@ -118,6 +131,7 @@ func New(cfg Config) (*Source, error) {
 		api:       v1.NewAPI(capturingClient{client}),
 		transport: rt,
 		timeout:   timeout,
+		maxQuery:  maxQuery,
 		url:       u.Redacted(),
 	}, nil
 }
@@ -141,8 +155,11 @@ type Result struct {
 	Issues []error
 	// Warnings are the backend's warnings, verbatim.
 	Warnings []string
-	// Query is the rendered PromQL.
+	// Query is the rendered PromQL; of a query sent in chunks, the first
+	// chunk's, or the failing chunk's if one failed.
 	Query string
+	// Chunks is how many requests the query was sent as (see Source.Query).
+	Chunks int
 	// Latency is the time the backend took to answer (or to fail). Set whenever a
 	// request was sent, also when Query returns an error.
 	Latency time.Duration
@@ -151,54 +168,95 @@ type Result struct {
 // Err joins the non-fatal issues (nil if none); errors.As finds each one.
 func (r Result) Err() error { return errors.Join(r.Issues...) }
 
-// Query renders the template for t, runs it as ONE instant query evaluated at now
-// (the backend's current time if now is zero), and returns a value per pod, taken
-// from each series' "pod" label.
+// Query renders the template for t, runs it as an instant query evaluated at
+// now (the backend's current time if now is zero), and returns a value per
+// pod, taken from each series' "pod" label.
 //
-// A fatal error (no values at all) is one of *TemplateError, *CredentialsError,
-// *UnreachableError, *ServerError, *BadResponseError, *ResultTypeError or
-// *EmptyResultError; the Result still carries Query, Latency and any Issues.
-// Problems with single series are not fatal: they are dropped and reported in
-// Result.Issues.
+// The query is ONE request unless the rendered query is longer than the
+// source's MaxQueryLength (templates select pods by a regexp of their names,
+// about 12 bytes a pod): then the pods are split into chunks whose queries
+// each fit, the chunks run concurrently (at most MaxConcurrentChunks at a
+// time), and their answers are merged as if they were one (a pod answered
+// twice is a duplicate series, as in one answer).
+//
+// A fatal error (no values at all) is one of *TemplateError, *QueryTooLongError,
+// *CredentialsError, *UnreachableError, *ServerError, *BadResponseError,
+// *ResponseTooLargeError, *ResultTypeError or *EmptyResultError; the Result
+// still carries Query, Latency and any Issues. If any chunk fails, the query
+// fails: values for part of the pods would be read as a change of load.
+// Problems with single series are not fatal: they are dropped and reported
+// in Result.Issues.
 func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time) (Result, error) {
-	q, err := s.render(tmpl, t)
+	queries, err := s.renderChunks(tmpl, t)
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Query: q}
-
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	exch := &exchange{}
-	ctx = context.WithValue(ctx, exchangeKey{}, exch)
+	res := Result{Query: queries[0], Chunks: len(queries)}
 
 	start := time.Now()
-	val, warnings, err := s.api.Query(ctx, q, now, v1.WithTimeout(s.timeout))
+	answers := make([]answer, len(queries))
+	// cause is the chunk that failed first; the others may only have
+	// been canceled because of it.
+	cause := -1
+	if len(queries) == 1 {
+		answers[0] = s.send(ctx, queries[0], now)
+	} else {
+		ctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		sem := make(chan struct{}, MaxConcurrentChunks)
+		for i, q := range queries {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+					answers[i] = answer{err: &UnreachableError{URL: s.url, Err: ctx.Err()}}
+					return
+				}
+				defer func() { <-sem }()
+				a := s.send(ctx, q, now)
+				mu.Lock()
+				answers[i] = a
+				if a.err != nil && cause < 0 {
+					cause = i
+					cancel() // the query fails anyway; spare the backend
+				}
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		cancel()
+	}
 	res.Latency = time.Since(start)
-	if len(warnings) > 0 {
-		res.Warnings = slices.Clone([]string(warnings))
+
+	var vec model.Vector
+	var firstErr error
+	if cause < 0 && answers[0].err != nil {
+		cause = 0
+	}
+	if cause >= 0 {
+		firstErr, res.Query = answers[cause].err, queries[cause]
+	}
+	for _, a := range answers {
+		res.Warnings = append(res.Warnings, a.warnings...)
+		vec = append(vec, a.vec...)
+	}
+	if len(res.Warnings) > 0 {
 		res.Issues = append(res.Issues, &WarningsError{Warnings: res.Warnings})
 	}
-	if err != nil {
-		return res, s.classify(ctx, err, exch)
-	}
-
-	vec, ok := val.(model.Vector)
-	if !ok {
-		got := "null result"
-		if val != nil {
-			got = val.Type().String()
-		}
-		return res, &ResultTypeError{Got: got}
+	if firstErr != nil {
+		return res, firstErr
 	}
 	if len(vec) == 0 {
-		return res, &EmptyResultError{Query: q}
+		return res, &EmptyResultError{Query: res.Query}
 	}
 
 	values, issues := perPod(vec, t.Pods)
 	res.Issues = append(res.Issues, issues...)
 	if len(values) == 0 {
-		return res, &EmptyResultError{Query: q, Series: len(vec)}
+		return res, &EmptyResultError{Query: res.Query, Series: len(vec)}
 	}
 	res.Values = values
 	seen := make(map[string]bool, len(t.Pods))
@@ -209,6 +267,40 @@ func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time
 		seen[p] = true
 	}
 	return res, nil
+}
+
+// answer is the outcome of one request.
+type answer struct {
+	vec      model.Vector
+	warnings []string
+	err      error
+}
+
+// send runs one instant query. A vector without series is not an error here:
+// in a chunked query other chunks may have data.
+func (s *Source) send(ctx context.Context, q string, now time.Time) answer {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	exch := &exchange{}
+	ctx = context.WithValue(ctx, exchangeKey{}, exch)
+
+	val, warnings, err := s.api.Query(ctx, q, now, v1.WithTimeout(s.timeout))
+	a := answer{warnings: slices.Clone([]string(warnings))}
+	if err != nil {
+		a.err = s.classify(ctx, err, exch)
+		return a
+	}
+	vec, ok := val.(model.Vector)
+	if !ok {
+		got := "null result"
+		if val != nil {
+			got = val.Type().String()
+		}
+		a.err = &ResultTypeError{Got: got}
+		return a
+	}
+	a.vec = vec
+	return a
 }
 
 // perPod validates a vector: one finite, non-negative sample per wanted pod.
