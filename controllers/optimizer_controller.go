@@ -153,7 +153,14 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	for _, p := range res.Problems {
 		if p.Fatal {
 			// Nothing is written and nothing live is deleted: the last
-			// good routing stays in place until the problem is fixed.
+			// good routing stays in place until the problem is fixed
+			// (except a route to a partial endpoint set: endpoint_limit.go).
+			if deleted, err := r.leaveTrafficOnService(ctx, opt, p, live); err != nil {
+				st.failed("DeleteFailed", err.Error())
+				return ctrl.Result{}, err
+			} else if deleted {
+				st.owned.VirtualService = ""
+			}
 			st.stalled(p.Reason, p.Message)
 			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", "%s", p.Message)
 			return ctrl.Result{}, nil

@@ -109,7 +109,7 @@ type Result struct {
 	Name            string // name of the owned objects
 	Namespace       string // namespace of the owned objects (the Service's)
 	Ports           []Port
-	Endpoints       []Endpoint // sorted by pod name, at most MaxEndpoints
+	Endpoints       []Endpoint // sorted by pod name, at most MaxEndpoints (more is a fatal problem)
 	ServiceEntry    *istionet.ServiceEntry
 	DestinationRule *istionet.DestinationRule
 	VirtualService  *istionet.VirtualService // nil with routing_mode none
@@ -163,6 +163,9 @@ func Compute(in Input) Result {
 	var epProblems []Problem
 	r.Endpoints, epProblems = endpoints(in, r.Ports)
 	r.Problems = append(r.Problems, epProblems...)
+	if anyFatal(epProblems) {
+		return r
+	}
 
 	labels := OwnedLabels(opt)
 	r.ServiceEntry = serviceEntry(r, labels)
@@ -186,4 +189,13 @@ func OwnedLabels(opt *optv1.IstioAdaptiveRequestOptimizer) map[string]string {
 func IsOwnedBy(obj metav1.Object, opt *optv1.IstioAdaptiveRequestOptimizer) bool {
 	l := obj.GetLabels()
 	return l[LabelManagedBy] == ManagedByValue && l[LabelOptimizerName] == opt.Name && l[LabelOptimizerNamespace] == opt.Namespace
+}
+
+func anyFatal(ps []Problem) bool {
+	for _, p := range ps {
+		if p.Fatal {
+			return true
+		}
+	}
+	return false
 }
