@@ -136,6 +136,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		return ctrl.Result{}, err
 	}
 	useEngine := r.Loop.enabled() && !settings.DryRun
+	r.Weights.Restore(req.NamespacedName, settings.Params, learnedSnapshot(opt))
 	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
 		return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
 	}
@@ -196,6 +197,10 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		return ctrl.Result{}, err
 	}
 	r.Weights.Applied(req.NamespacedName, settings.Params, r.Clock.Now(), res.Endpoints)
+	if err := r.persistLearned(ctx, opt); err != nil {
+		// Only a restart loses by it (it re-learns the noise); not a failure.
+		log.FromContext(ctx).Info("Could not persist the learned state", "error", err.Error())
+	}
 	st.endpoints = int32(len(res.Endpoints))
 	r.publish(opt, res)
 	return ctrl.Result{}, nil
