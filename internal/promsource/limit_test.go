@@ -131,9 +131,10 @@ func TestQueryHugeAnswerMemoryIsBounded(t *testing.T) {
 	alloc := after.TotalAlloc - before.TotalAlloc
 	t.Logf("a %d MiB answer with a %d MiB limit allocated %.1f MiB", size>>20, limit>>20, float64(alloc)/(1<<20))
 	// Reading into a doubling buffer allocates up to 4 times what it holds
-	// over its growth (peak: twice); the answer is 24 times the limit.
-	if alloc > 5*limit {
-		t.Errorf("allocated %d bytes for one oversized answer, want at most %d", alloc, 5*limit)
+	// over its growth (peak: twice), twice that under the race detector.
+	// Reading the whole 24 MiB answer would allocate at least 48 MiB.
+	if alloc > 12*limit {
+		t.Errorf("allocated %d bytes for one oversized answer, want at most %d", alloc, 12*limit)
 	}
 }
 
