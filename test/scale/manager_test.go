@@ -221,7 +221,6 @@ func sumMetric(text, name string) float64 {
 	return total
 }
 
-
 // residentBytes reads a process's resident set from /proc (Linux), for
 // managers whose metrics lack the process collector.
 func residentBytes(pid int) float64 {
