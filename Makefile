@@ -103,6 +103,10 @@ test-generated: controller-gen ## Fail if the committed CRDs, RBAC or deepcopy c
 bench: ## Run the side-by-side balancing benchmark on every shipped scenario.
 	go run ./test/bench $(BENCH_ARGS)
 
+.PHONY: scale
+scale: envtest ## Measure reconcile cost, object and query sizes at 500-4096 pods and the manager's memory at 200 optimizers x 50 pods (minutes; docs/scale.md).
+	SCALE=full KUBEBUILDER_ASSETS="$(LOCALBIN)" go test ./test/scale -count=1 -v -timeout 30m -run 'TestReconcileCostAtScale|TestBeyondTheLimitNothingIsComputed|TestManagerMemoryAtScale'
+
 .PHONY: demo
 # The demo uses the committed CRD, so it does not wait for controller-gen.
 demo: envtest istiod prometheus ## Run the local demo: API server, Prometheus, istiod, the operator and a simulated fleet on loopback.

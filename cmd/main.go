@@ -91,6 +91,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error)
 	fs.StringVar(&o.prometheus.CertFile, "prometheus-cert-file", "", "PEM client certificate for mutual TLS with the metrics backend.")
 	fs.StringVar(&o.prometheus.KeyFile, "prometheus-key-file", "", "PEM client key for mutual TLS with the metrics backend.")
 	fs.BoolVar(&o.prometheus.InsecureSkipVerify, "prometheus-insecure-skip-verify", false, "Do not verify the metrics backend's certificate (testing only).")
+	fs.IntVar(&o.prometheus.MaxQueryLength, "prometheus-max-query-length", promsource.DefaultMaxQueryLength, "Longest query sent, in bytes; a query over more pods is sent in chunks of pods and the answers merged (VictoriaMetrics refuses queries over 16 KiB by default).")
+	fs.Int64Var(&o.prometheus.MaxResponseBytes, "prometheus-max-response-bytes", promsource.DefaultMaxResponseBytes, "Largest metrics answer read, in bytes; a longer one fails the query (reason too_large) and memory stays bounded.")
 	o.prometheusHeaders = headerFlag{}
 	fs.Var(o.prometheusHeaders, "prometheus-header", "Extra header Name=Value sent with every query (repeatable), e.g. X-Scope-OrgID=tenant for Mimir.")
 	fs.StringVar(&o.prometheus.BasicAuthUsername, "prometheus-basic-auth-username", "", "Basic auth user name for the metrics backend; the password comes from --prometheus-basic-auth-password-file.")

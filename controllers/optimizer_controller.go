@@ -168,6 +168,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		return ctrl.Result{}, err
 	}
 	useEngine := r.Loop.enabled() && !settings.DryRun
+	r.Weights.Restore(req.NamespacedName, settings.Params, learnedSnapshot(opt))
 	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
 		return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
 	}
@@ -185,7 +186,14 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	for _, p := range res.Problems {
 		if p.Fatal {
 			// Nothing is written and nothing live is deleted: the last
-			// good routing stays in place until the problem is fixed.
+			// good routing stays in place until the problem is fixed
+			// (except a route to a partial endpoint set: endpoint_limit.go).
+			if deleted, err := r.leaveTrafficOnService(ctx, opt, p, live); err != nil {
+				st.failed("DeleteFailed", err.Error())
+				return ctrl.Result{}, err
+			} else if deleted {
+				st.owned.VirtualService = ""
+			}
 			st.stalled(p.Reason, p.Message)
 			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", "%s", p.Message)
 			return ctrl.Result{}, nil
@@ -221,6 +229,10 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		return ctrl.Result{}, err
 	}
 	r.Weights.Applied(req.NamespacedName, settings.Params, r.Clock.Now(), res.Endpoints)
+	if err := r.persistLearned(ctx, opt); err != nil {
+		// Only a restart loses by it (it re-learns the noise); not a failure.
+		log.FromContext(ctx).Info("Could not persist the learned state", "error", err.Error())
+	}
 	st.endpoints = int32(len(res.Endpoints))
 	r.publish(opt, res)
 	return ctrl.Result{}, nil

@@ -19,6 +19,7 @@ import (
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/textutil"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
@@ -178,14 +179,15 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 		// The backend answered, with nothing for these pods: a query or
 		// scrape problem for the user to fix, not an outage (NoData).
 		l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "cpu", "empty").Inc()
-		logger.Info("CPU query returned no data for the pods", "query", cpu.Query)
+		logger.Info("CPU query returned no data for the pods", "query", textutil.Printable(cpu.Query, textutil.LogLimit))
 		err = nil
 	}
 	if err != nil {
-		obs.Err = fmt.Errorf("CPU query: %w", err)
+		// The backend's words reach the status message: bounded, printable.
+		obs.Err = textutil.Error(fmt.Errorf("CPU query: %w", err), textutil.StatusLimit)
 		l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "cpu", queryErrorReason(err)).Inc()
 		l.Metrics.ReconcileError(weightControllerName, "query", key.Name, key.Namespace)
-		logger.Info("CPU query failed", "error", err.Error())
+		logger.Info("CPU query failed", "error", textutil.Printable(err.Error(), textutil.LogLimit))
 	}
 	var requests promsource.Result
 	var reqErr error
@@ -197,7 +199,7 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 			var empty *promsource.EmptyResultError
 			if !errors.As(reqErr, &empty) {
 				l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "requests", queryErrorReason(reqErr)).Inc()
-				logger.Info("Request-rate query failed; estimating from CPU only", "error", reqErr.Error())
+				logger.Info("Request-rate query failed; estimating from CPU only", "error", textutil.Printable(reqErr.Error(), textutil.LogLimit))
 			}
 		}
 	}
@@ -208,7 +210,8 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 		res    promsource.Result
 	}{{"cpu", cpu}, {"requests", requests}} {
 		if issues := r.res.Err(); issues != nil {
-			logger.Info("Query answer had problems; the affected series were ignored", "signal", r.signal, "query", r.res.Query, "problems", issues.Error())
+			logger.Info("Query answer had problems; the affected series were ignored", "signal", r.signal,
+				"query", textutil.Printable(r.res.Query, textutil.LogLimit), "problems", textutil.Printable(issues.Error(), textutil.LogLimit))
 		}
 	}
 	if ctx.Err() != nil {
@@ -287,8 +290,14 @@ func queryErrorReason(err error) string {
 		shape       *promsource.ResultTypeError
 		bad         *promsource.BadResponseError
 		tmpl        *promsource.TemplateError
+		tooLarge    *promsource.ResponseTooLargeError
+		tooLong     *promsource.QueryTooLongError
 	)
 	switch {
+	case errors.As(err, &tooLarge):
+		return "too_large"
+	case errors.As(err, &tooLong):
+		return "query_too_long"
 	case errors.As(err, &unreachable):
 		return "unreachable"
 	case errors.As(err, &server):

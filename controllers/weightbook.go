@@ -30,6 +30,10 @@ type bookEntry struct {
 	// Pods present at the first sight are taken as long-ready.
 	readySince map[string]time.Time
 	outcome    *Outcome
+	// restore is what an earlier manager learned (persisted on the
+	// optimizer), given to the engine when it is seeded; persisted is the
+	// snapshot last written there (see learned_state.go).
+	restore, persisted weights.Snapshot
 }
 
 // Outcome is the result of the last weight cycle, for status and metrics.
@@ -63,7 +67,14 @@ func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uin
 	for _, ep := range eps {
 		e.readySince[ep.Pod] = time.Time{}
 	}
-	e.engine.Seed(now, w)
+	if e.restore.Valid() && len(w) > 0 {
+		// An engine ran before this one and its weights are live: they
+		// are settled estimates, not first guesses.
+		e.engine.SeedSettled(now, w, e.restore)
+		e.persisted = e.restore
+	} else {
+		e.engine.Seed(now, w)
+	}
 	e.seeded = true
 }
 
@@ -176,4 +187,40 @@ func (b *WeightBook) Forget(key types.NamespacedName) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.entries, key)
+}
+
+// Restore hands the book what an earlier manager learned about an
+// optimizer, for its engine's seed. It has no effect once the engine is
+// seeded.
+func (b *WeightBook) Restore(key types.NamespacedName, p weights.Params, s weights.Snapshot) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.entry(key, p); !e.seeded {
+		e.restore = s
+	}
+}
+
+// SnapshotToPersist returns the engine's snapshot when it differs enough
+// from the one persisted last to be worth a write.
+func (b *WeightBook) SnapshotToPersist(key types.NamespacedName) (weights.Snapshot, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[key]
+	if e == nil || !e.seeded {
+		return weights.Snapshot{}, false
+	}
+	s := e.engine.Snapshot()
+	if !s.Valid() || s.Similar(e.persisted) {
+		return weights.Snapshot{}, false
+	}
+	return s, true
+}
+
+// Persisted records that s was written to the optimizer.
+func (b *WeightBook) Persisted(key types.NamespacedName, s weights.Snapshot) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.entries[key]; e != nil {
+		e.persisted = s
+	}
 }

@@ -114,7 +114,7 @@ type Result struct {
 	Name            string // name of the owned objects
 	Namespace       string // namespace of the owned objects (the Service's)
 	Ports           []Port
-	Endpoints       []Endpoint // sorted by pod name, at most MaxEndpoints
+	Endpoints       []Endpoint // sorted by pod name, at most MaxEndpoints (more is a fatal problem)
 	ServiceEntry    *istionet.ServiceEntry
 	DestinationRule *istionet.DestinationRule
 	VirtualService  *istionet.VirtualService // nil with routing_mode none
@@ -173,6 +173,9 @@ func Compute(in Input) Result {
 	var epProblems []Problem
 	r.Endpoints, epProblems = endpoints(in, r.Ports)
 	r.Problems = append(r.Problems, epProblems...)
+	if anyFatal(epProblems) {
+		return r
+	}
 	if mp := meshProblems(in, &r); len(mp) > 0 {
 		r.Problems = append(r.Problems, mp...)
 		return r
@@ -211,4 +214,13 @@ func OwnedLabels(opt *optv1.IstioAdaptiveRequestOptimizer) map[string]string {
 func IsOwnedBy(obj metav1.Object, opt *optv1.IstioAdaptiveRequestOptimizer) bool {
 	l := obj.GetLabels()
 	return l[LabelManagedBy] == ManagedByValue && l[LabelOptimizerName] == NameLabelValue(opt.Name) && l[LabelOptimizerNamespace] == opt.Namespace
+}
+
+func anyFatal(ps []Problem) bool {
+	for _, p := range ps {
+		if p.Fatal {
+			return true
+		}
+	}
+	return false
 }

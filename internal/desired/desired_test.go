@@ -808,20 +808,71 @@ func TestComputeTooManyEndpoints(t *testing.T) {
 		in.Slices = append(in.Slices, slice(fmt.Sprintf("web-%d", s), map[string]int32{"http": 8080}, eps...))
 	}
 	r := Compute(in)
-	if len(r.Endpoints) != MaxEndpoints || len(r.ServiceEntry.Spec.Endpoints) != MaxEndpoints {
-		t.Fatalf("%d endpoints (%d in the ServiceEntry), want %d", len(r.Endpoints), len(r.ServiceEntry.Spec.Endpoints), MaxEndpoints)
+	// Routing only the first 4096 would leave 100 ready pods without mesh
+	// traffic: nothing is written, traffic stays on the Kubernetes Service.
+	if got := reasons(r.Problems); !reflect.DeepEqual(got, []string{ReasonTooManyEndpoints}) || !r.Problems[0].Fatal {
+		t.Fatalf("problems = %+v, want one fatal TooManyEndpoints", r.Problems)
 	}
-	if r.Endpoints[0].Pod != "web-00000" || r.Endpoints[MaxEndpoints-1].Pod != fmt.Sprintf("web-%05d", MaxEndpoints-1) {
-		t.Errorf("not the first pods by name: %s .. %s", r.Endpoints[0].Pod, r.Endpoints[MaxEndpoints-1].Pod)
+	if msg := r.Problems[0].Message; !strings.Contains(msg, "4196") || !strings.Contains(msg, "4096") || !strings.Contains(msg, r.KubernetesHost) {
+		t.Errorf("message %q does not give the count, the limit and the Service host", msg)
 	}
-	if got := reasons(r.Problems); !reflect.DeepEqual(got, []string{"TooManyEndpoints"}) || r.Problems[0].Fatal {
-		t.Fatalf("problems = %+v, want one non-fatal TooManyEndpoints", r.Problems)
+	if r.ServiceEntry != nil || r.VirtualService != nil || r.DestinationRule != nil || r.Endpoints != nil {
+		t.Errorf("objects computed for a partial endpoint set")
 	}
-	if msg := r.Problems[0].Message; !strings.Contains(msg, "4196") || !strings.Contains(msg, "4096") {
-		t.Errorf("message %q does not give the count and the limit", msg)
+
+	// Exactly at the limit everything is routed.
+	in.Slices = in.Slices[:4]
+	in.Slices = append(in.Slices, slice("web-4", map[string]int32{"http": 8080}))
+	for i := 4000; i < MaxEndpoints; i++ {
+		in.Slices[4].Endpoints = append(in.Slices[4].Endpoints, slice("x", nil, ep{pod: fmt.Sprintf("web-%05d", i), addr: fmt.Sprintf("198.18.%d.%d", 10+i/250, i%250+1)}).Endpoints...)
 	}
-	if r.VirtualService == nil || r.DestinationRule == nil {
-		t.Errorf("routing objects dropped with too many endpoints")
+	r = Compute(in)
+	if len(r.Problems) != 0 || len(r.ServiceEntry.Spec.Endpoints) != MaxEndpoints {
+		t.Errorf("at the limit: problems %+v, %d endpoints", r.Problems, len(r.Endpoints))
+	}
+}
+
+// A dual-stack Service has one EndpointSlice per family for the same pods;
+// each pod is routed once, by its address in the Service's primary family.
+func TestComputeDualStackRoutesEachPodOnce(t *testing.T) {
+	v6 := func(s discoveryv1.EndpointSlice, addrs ...string) discoveryv1.EndpointSlice {
+		s.AddressType = discoveryv1.AddressTypeIPv6
+		for i := range s.Endpoints {
+			s.Endpoints[i].Addresses = []string{addrs[i]}
+		}
+		return s
+	}
+	ports := map[string]int32{"http": 8080}
+	v4Slice := slice("web-v4", ports, readyEP("web-0", 1, ""), readyEP("web-1", 2, ""))
+	v6Slice := v6(slice("web-v6", ports, readyEP("web-0", 1, ""), readyEP("web-1", 2, "")), "fd00::1", "fd00::2")
+	fqdn := slice("web-fqdn", ports, ep{pod: "ext", addr: "ext.example.com"})
+	fqdn.AddressType = discoveryv1.AddressTypeFQDN
+	tests := map[string]struct {
+		families []corev1.IPFamily
+		slices   []discoveryv1.EndpointSlice
+		want     []string // addresses routed
+	}{
+		"IPv4 primary":                       {families: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}, slices: []discoveryv1.EndpointSlice{v4Slice, v6Slice}, want: []string{ip(1), ip(2)}},
+		"IPv6 primary":                       {families: []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}, slices: []discoveryv1.EndpointSlice{v4Slice, v6Slice}, want: []string{"fd00::1", "fd00::2"}},
+		"unset families mean IPv4":           {slices: []discoveryv1.EndpointSlice{v6Slice, v4Slice}, want: []string{ip(1), ip(2)}},
+		"IPv6 single stack":                  {families: []corev1.IPFamily{corev1.IPv6Protocol}, slices: []discoveryv1.EndpointSlice{v6Slice}, want: []string{"fd00::1", "fd00::2"}},
+		"FQDN slices are never routed":       {families: []corev1.IPFamily{corev1.IPv4Protocol}, slices: []discoveryv1.EndpointSlice{fqdn, v4Slice}, want: []string{ip(1), ip(2)}},
+		"only the secondary family's slices": {families: []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}, slices: []discoveryv1.EndpointSlice{v6Slice}, want: nil},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			in := webInput()
+			in.Service.Spec.IPFamilies = tc.families
+			in.Slices = tc.slices
+			r := Compute(in)
+			var got []string
+			for _, e := range r.Endpoints {
+				got = append(got, e.Address)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("routed %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 
@@ -1345,7 +1396,7 @@ func rotate[T any](s []T, k int) {
 func readyAddresses(in Input) int {
 	seen := map[string]bool{}
 	for _, s := range in.Slices {
-		if s.AddressType == discoveryv1.AddressTypeFQDN {
+		if s.AddressType != PrimaryAddressType(in.Service) {
 			continue
 		}
 		for _, e := range s.Endpoints {

@@ -29,8 +29,21 @@ func sortedEndpoints(eps []discoveryv1.Endpoint) []discoveryv1.Endpoint {
 		b.WriteString("\x00" + ptrString(e.NodeName) + "\x00" + ptrString(e.Zone))
 		return b.String()
 	}
-	out := append([]discoveryv1.Endpoint(nil), eps...)
-	sort.SliceStable(out, func(i, j int) bool { return key(out[i]) < key(out[j]) })
+	// Keys are built once, not per comparison: at 4000 endpoints building
+	// them in the comparator was a quarter of a reconcile.
+	type keyed struct {
+		key string
+		ep  discoveryv1.Endpoint
+	}
+	ks := make([]keyed, len(eps))
+	for i, e := range eps {
+		ks[i] = keyed{key(e), e}
+	}
+	sort.SliceStable(ks, func(i, j int) bool { return ks[i].key < ks[j].key })
+	out := make([]discoveryv1.Endpoint, len(ks))
+	for i, k := range ks {
+		out[i] = k.ep
+	}
 	return out
 }
 
@@ -41,12 +54,29 @@ func ptrString(s *string) string {
 	return *s
 }
 
-// endpoints lists the ready pods of the slices, one per address.
+// ReasonTooManyEndpoints is the Stalled reason when the ready pods do not
+// fit in one ServiceEntry.
+const ReasonTooManyEndpoints = "TooManyEndpoints"
+
+// PrimaryAddressType is the address family whose EndpointSlices are routed:
+// the Service's first IP family (its ClusterIP's), IPv4 when unset. A
+// dual-stack Service has a slice per family for the same pods; routing both
+// would list every pod twice, doubling its share of the weights.
+func PrimaryAddressType(svc *corev1.Service) discoveryv1.AddressType {
+	if svc != nil && len(svc.Spec.IPFamilies) > 0 && svc.Spec.IPFamilies[0] == corev1.IPv6Protocol {
+		return discoveryv1.AddressTypeIPv6
+	}
+	return discoveryv1.AddressTypeIPv4
+}
+
+// endpoints lists the ready pods of the slices of the Service's primary
+// address family, one per address.
 func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 	var problems []Problem
 	byAddr := map[string]Endpoint{}
+	family := PrimaryAddressType(in.Service)
 	for _, s := range sortedSlices(in.Slices) {
-		if s.AddressType == discoveryv1.AddressTypeFQDN {
+		if s.AddressType != family {
 			continue
 		}
 		slicePorts := map[string]int32{}
@@ -104,9 +134,14 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 		return eps[i].Address < eps[j].Address
 	})
 	if len(eps) > MaxEndpoints {
-		problems = append(problems, Problem{Reason: "TooManyEndpoints",
-			Message: fmt.Sprintf("%d ready endpoints exceed Istio's limit of %d per ServiceEntry; only the first %d pods by name are routed through the optimized host", len(eps), MaxEndpoints, MaxEndpoints)})
-		eps = eps[:MaxEndpoints]
+		// Routing the first MaxEndpoints would leave the other ready pods
+		// without mesh traffic. The Kubernetes Service routes them all:
+		// the mirror leaves traffic there (it removes its VirtualService)
+		// until the Service is back under the limit.
+		problems = append(problems, Problem{Reason: ReasonTooManyEndpoints, Fatal: true,
+			Message: fmt.Sprintf("%d ready endpoints exceed the limit of %d per ServiceEntry; traffic stays on the Kubernetes Service %s, which routes every pod, until the Service has at most %d ready endpoints",
+				len(eps), MaxEndpoints, KubernetesHost(in.Service.Name, in.Service.Namespace, in.ClusterDomain), MaxEndpoints)})
+		return nil, problems
 	}
 	byPod := in.Weights
 	if in.WeightsFor != nil {

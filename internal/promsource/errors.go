@@ -155,3 +155,32 @@ type WarningsError struct {
 func (e *WarningsError) Error() string {
 	return "metrics backend warnings: " + strings.Join(e.Warnings, "; ")
 }
+
+// ResponseTooLargeError means the answer was longer than the configured
+// limit (Config.MaxResponseBytes); it was not read further, so memory stays
+// bounded. The query selects far more series than pods: a template that does
+// not aggregate by pod, or labels that match other workloads.
+type ResponseTooLargeError struct {
+	// Limit is the limit in bytes.
+	Limit int64
+	// Declared is the length the backend announced (Content-Length), -1 if
+	// it did not and the limit was reached while reading.
+	Declared int64
+}
+
+func (e *ResponseTooLargeError) Error() string {
+	if e.Declared >= 0 {
+		return fmt.Sprintf("metrics answer of %d bytes exceeds the %d-byte limit (aggregate the query by pod, or raise --prometheus-max-response-bytes)", e.Declared, e.Limit)
+	}
+	return fmt.Sprintf("metrics answer exceeds the %d-byte limit (aggregate the query by pod, or raise --prometheus-max-response-bytes)", e.Limit)
+}
+
+// QueryTooLongError means the template rendered for a single pod is already
+// longer than the maximum query length, so no chunking can help.
+type QueryTooLongError struct {
+	Length, Limit int
+}
+
+func (e *QueryTooLongError) Error() string {
+	return fmt.Sprintf("the query for a single pod is %d bytes, longer than the %d-byte limit (shorten the template or raise --prometheus-max-query-length)", e.Length, e.Limit)
+}

@@ -3,13 +3,13 @@
 // VictoriaMetrics single or cluster, Thanos, Mimir. The base URL may carry a path
 // prefix (http://host/prometheus, http://vmselect:8481/select/0/prometheus).
 //
-// A Source sends exactly one instant query per call, whatever the number of pods,
-// and turns the answer into one value per pod, with a typed error for every way the
-// answer can be wrong.
+// A Source sends one instant query per call, split into chunks of pods only
+// when the query would be longer than a configurable limit (VictoriaMetrics
+// refuses queries over 16 KiB by default), and turns the answer into one value
+// per pod, with a typed error for every way the answer can be wrong.
 package promsource
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +25,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/liorfranko/istio-adaptive-least-request/internal/textutil"
 	"github.com/prometheus/client_golang/api"
 	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/common/model"
@@ -63,6 +64,13 @@ type Config struct {
 	Headers map[string]string
 	// FileCredentials are basic auth and headers read from files.
 	FileCredentials
+	// MaxResponseBytes bounds the size of one answer; a longer one fails with
+	// a *ResponseTooLargeError. Zero means DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+	// MaxQueryLength bounds the length of one rendered query in bytes; a
+	// longer one is sent in chunks of pods (see Source.Query). Zero means
+	// DefaultMaxQueryLength.
+	MaxQueryLength int
 }
 
 // Source queries one backend. It is safe for concurrent use; share one Source
@@ -71,6 +79,7 @@ type Source struct {
 	api       v1.API
 	transport *authTransport
 	timeout   time.Duration
+	maxQuery  int
 	url       string // redacted, for errors
 
 	templates sync.Map // template text -> *template.Template
@@ -94,6 +103,20 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("timeout must not be negative, got %v", cfg.Timeout)
 	}
+	if cfg.MaxResponseBytes < 0 {
+		return nil, fmt.Errorf("maximum response size must not be negative, got %d", cfg.MaxResponseBytes)
+	}
+	if cfg.MaxQueryLength < 0 || cfg.MaxQueryLength > 0 && cfg.MaxQueryLength < MinMaxQueryLength {
+		return nil, fmt.Errorf("maximum query length must be at least %d bytes, got %d", MinMaxQueryLength, cfg.MaxQueryLength)
+	}
+	maxQuery := cfg.MaxQueryLength
+	if maxQuery == 0 {
+		maxQuery = DefaultMaxQueryLength
+	}
+	maxResponse := cfg.MaxResponseBytes
+	if maxResponse == 0 {
+		maxResponse = DefaultMaxResponseBytes
+	}
 	timeout := cfg.Timeout
 	if timeout == 0 {
 		timeout = DefaultTimeout
@@ -102,7 +125,7 @@ func New(cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := api.NewClient(api.Config{Address: cfg.URL, RoundTripper: rt})
+	client, err := api.NewClient(api.Config{Address: cfg.URL, RoundTripper: &limitTransport{next: rt, max: maxResponse}})
 	if err != nil {
 		return nil, err
 	}
@@ -110,6 +133,7 @@ func New(cfg Config) (*Source, error) {
 		api:       v1.NewAPI(capturingClient{client}),
 		transport: rt,
 		timeout:   timeout,
+		maxQuery:  maxQuery,
 		url:       u.Redacted(),
 	}, nil
 }
@@ -133,8 +157,11 @@ type Result struct {
 	Issues []error
 	// Warnings are the backend's warnings, verbatim.
 	Warnings []string
-	// Query is the rendered PromQL.
+	// Query is the rendered PromQL; of a query sent in chunks, the first
+	// chunk's, or the failing chunk's if one failed.
 	Query string
+	// Chunks is how many requests the query was sent as (see Source.Query).
+	Chunks int
 	// Latency is the time the backend took to answer (or to fail). Set whenever a
 	// request was sent, also when Query returns an error.
 	Latency time.Duration
@@ -143,54 +170,95 @@ type Result struct {
 // Err joins the non-fatal issues (nil if none); errors.As finds each one.
 func (r Result) Err() error { return errors.Join(r.Issues...) }
 
-// Query renders the template for t, runs it as ONE instant query evaluated at now
-// (the backend's current time if now is zero), and returns a value per pod, taken
-// from each series' "pod" label.
+// Query renders the template for t, runs it as an instant query evaluated at
+// now (the backend's current time if now is zero), and returns a value per
+// pod, taken from each series' "pod" label.
 //
-// A fatal error (no values at all) is one of *TemplateError, *CredentialsError,
-// *UnreachableError, *ServerError, *BadResponseError, *ResultTypeError or
-// *EmptyResultError; the Result still carries Query, Latency and any Issues.
-// Problems with single series are not fatal: they are dropped and reported in
-// Result.Issues.
+// The query is ONE request unless the rendered query is longer than the
+// source's MaxQueryLength (templates select pods by a regexp of their names,
+// about 12 bytes a pod): then the pods are split into chunks whose queries
+// each fit, the chunks run concurrently (at most MaxConcurrentChunks at a
+// time), and their answers are merged as if they were one (a pod answered
+// twice is a duplicate series, as in one answer).
+//
+// A fatal error (no values at all) is one of *TemplateError, *QueryTooLongError,
+// *CredentialsError, *UnreachableError, *ServerError, *BadResponseError,
+// *ResponseTooLargeError, *ResultTypeError or *EmptyResultError; the Result
+// still carries Query, Latency and any Issues. If any chunk fails, the query
+// fails: values for part of the pods would be read as a change of load.
+// Problems with single series are not fatal: they are dropped and reported
+// in Result.Issues.
 func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time) (Result, error) {
-	q, err := s.render(tmpl, t)
+	queries, err := s.renderChunks(tmpl, t)
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Query: q}
-
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	exch := &exchange{}
-	ctx = context.WithValue(ctx, exchangeKey{}, exch)
+	res := Result{Query: queries[0], Chunks: len(queries)}
 
 	start := time.Now()
-	val, warnings, err := s.api.Query(ctx, q, now, v1.WithTimeout(s.timeout))
+	answers := make([]answer, len(queries))
+	// cause is the chunk that failed first; the others may only have
+	// been canceled because of it.
+	cause := -1
+	if len(queries) == 1 {
+		answers[0] = s.send(ctx, queries[0], now)
+	} else {
+		ctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		sem := make(chan struct{}, MaxConcurrentChunks)
+		for i, q := range queries {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				select {
+				case sem <- struct{}{}:
+				case <-ctx.Done():
+					answers[i] = answer{err: &UnreachableError{URL: s.url, Err: ctx.Err()}}
+					return
+				}
+				defer func() { <-sem }()
+				a := s.send(ctx, q, now)
+				mu.Lock()
+				answers[i] = a
+				if a.err != nil && cause < 0 {
+					cause = i
+					cancel() // the query fails anyway; spare the backend
+				}
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		cancel()
+	}
 	res.Latency = time.Since(start)
-	if len(warnings) > 0 {
-		res.Warnings = slices.Clone([]string(warnings))
+
+	var vec model.Vector
+	var firstErr error
+	if cause < 0 && answers[0].err != nil {
+		cause = 0
+	}
+	if cause >= 0 {
+		firstErr, res.Query = answers[cause].err, queries[cause]
+	}
+	for _, a := range answers {
+		res.Warnings = append(res.Warnings, a.warnings...)
+		vec = append(vec, a.vec...)
+	}
+	if len(res.Warnings) > 0 {
 		res.Issues = append(res.Issues, &WarningsError{Warnings: res.Warnings})
 	}
-	if err != nil {
-		return res, s.classify(ctx, err, exch)
-	}
-
-	vec, ok := val.(model.Vector)
-	if !ok {
-		got := "null result"
-		if val != nil {
-			got = val.Type().String()
-		}
-		return res, &ResultTypeError{Got: got}
+	if firstErr != nil {
+		return res, firstErr
 	}
 	if len(vec) == 0 {
-		return res, &EmptyResultError{Query: q}
+		return res, &EmptyResultError{Query: res.Query}
 	}
 
 	values, issues := perPod(vec, t.Pods)
 	res.Issues = append(res.Issues, issues...)
 	if len(values) == 0 {
-		return res, &EmptyResultError{Query: q, Series: len(vec)}
+		return res, &EmptyResultError{Query: res.Query, Series: len(vec)}
 	}
 	res.Values = values
 	seen := make(map[string]bool, len(t.Pods))
@@ -201,6 +269,40 @@ func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time
 		seen[p] = true
 	}
 	return res, nil
+}
+
+// answer is the outcome of one request.
+type answer struct {
+	vec      model.Vector
+	warnings []string
+	err      error
+}
+
+// send runs one instant query. A vector without series is not an error here:
+// in a chunked query other chunks may have data.
+func (s *Source) send(ctx context.Context, q string, now time.Time) answer {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	exch := &exchange{}
+	ctx = context.WithValue(ctx, exchangeKey{}, exch)
+
+	val, warnings, err := s.api.Query(ctx, q, now, v1.WithTimeout(s.timeout))
+	a := answer{warnings: slices.Clone([]string(warnings))}
+	if err != nil {
+		a.err = s.classify(ctx, err, exch)
+		return a
+	}
+	vec, ok := val.(model.Vector)
+	if !ok {
+		got := "null result"
+		if val != nil {
+			got = val.Type().String()
+		}
+		a.err = &ResultTypeError{Got: got}
+		return a
+	}
+	a.vec = vec
+	return a
 }
 
 // perPod validates a vector: one finite, non-negative sample per wanted pod.
@@ -266,6 +368,10 @@ func (s *Source) classify(ctx context.Context, err error, exch *exchange) error 
 	if errors.As(err, &cred) {
 		return cred
 	}
+	var tooLarge *ResponseTooLargeError
+	if errors.As(err, &tooLarge) {
+		return tooLarge
+	}
 	status, body := exch.result()
 	var apiErr *v1.Error
 	if errors.As(err, &apiErr) {
@@ -274,7 +380,7 @@ func (s *Source) classify(ctx context.Context, err error, exch *exchange) error 
 			return badResponse(status, apiErr.Msg, body)
 		case status/100 == 2:
 			// "status":"error" in a 2xx answer.
-			return &ServerError{StatusCode: status, Type: string(apiErr.Type), Message: apiErr.Msg}
+			return &ServerError{StatusCode: status, Type: string(apiErr.Type), Message: textutil.Printable(apiErr.Msg, maxMessage)}
 		default:
 			typ, msg := errorFromBody(body)
 			if typ == "" {
@@ -283,7 +389,7 @@ func (s *Source) classify(ctx context.Context, err error, exch *exchange) error 
 			if msg == "" {
 				msg = apiErr.Msg
 			}
-			return &ServerError{StatusCode: status, Type: typ, Message: msg}
+			return &ServerError{StatusCode: status, Type: textutil.Printable(typ, 64), Message: textutil.Printable(msg, maxMessage)}
 		}
 	}
 	var netErr net.Error
@@ -310,8 +416,12 @@ func badResponse(status int, msg string, body []byte) error {
 	if json.Unmarshal(body, &doc) == nil && doc.Data.ResultType != "" && doc.Data.ResultType != "vector" {
 		return &ResultTypeError{Got: doc.Data.ResultType}
 	}
-	return &BadResponseError{StatusCode: status, Msg: msg}
+	return &BadResponseError{StatusCode: status, Msg: textutil.Printable(msg, maxMessage)}
 }
+
+// maxMessage bounds the backend's own words kept in an error, so that a
+// status message or a log line built from it stays small and printable.
+const maxMessage = 512
 
 // errorFromBody extracts the error type and message from an error answer: a
 // Prometheus API document if it is one, else the start of the body as text.
@@ -324,12 +434,7 @@ func errorFromBody(body []byte) (typ, msg string) {
 	if json.Unmarshal(body, &doc) == nil && doc.Error != "" {
 		return doc.ErrorType, doc.Error
 	}
-	text := strings.TrimSpace(string(bytes.ToValidUTF8(body, []byte("?"))))
-	const max = 512
-	if len(text) > max {
-		text = text[:max] + "..."
-	}
-	return "", text
+	return "", strings.TrimSpace(textutil.Printable(string(body[:min(len(body), 4*maxMessage)]), maxMessage))
 }
 
 // exchange records the last HTTP status and body of one query, so that errors can

@@ -1,0 +1,243 @@
+package scale
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	. "github.com/liorfranko/istio-adaptive-least-request/test/fixtures"
+	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
+)
+
+// cpuBackend answers every query with 0.5 cores for each pod it names,
+// whatever the template, like a Prometheus with every pod scraped.
+func cpuBackend() http.HandlerFunc {
+	pods := regexp.MustCompile(`pod=~"([^"]*)"`)
+	return func(w http.ResponseWriter, r *http.Request) {
+		_ = r.ParseForm()
+		m := pods.FindStringSubmatch(r.Form.Get("query"))
+		var items []string
+		if m != nil {
+			for _, p := range strings.Split(m[1], "|") {
+				p = strings.ReplaceAll(p, `\\.`, ".")
+				items = append(items, fmt.Sprintf(`{"metric":{"pod":%q},"value":[%d,"0.5"]}`, p, time.Now().Unix()))
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"success","data":{"resultType":"vector","result":[`+strings.Join(items, ",")+`]}}`)
+	}
+}
+
+// TestManagerMemoryAtScale runs the manager binary against an API server
+// holding many optimizers, each with a Service of many ready pods, and a
+// metrics backend answering for every pod, and reports its memory once
+// every ServiceEntry is written and weight cycles have run. With SCALE=full:
+// 200 optimizers x 50 pods (target: under 150 MiB resident).
+func TestManagerMemoryAtScale(t *testing.T) {
+	if !full() {
+		// It builds the binary and starts an API server: a minute even
+		// small. `make scale` runs it.
+		t.Skip("run with SCALE=full (make scale)")
+	}
+	optimizers, pods := 200, 50
+	api, err := harness.StartAPIServer()
+	if err != nil {
+		t.Fatalf("start API server: %v", err)
+	}
+	defer api.Stop()
+	c, err := client.New(api.Config, client.Options{Scheme: harness.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+
+	// Objects first, so the manager's start-up sees them all at once, as
+	// after a restart.
+	start := time.Now()
+	for z := range 3 {
+		if err := c.Create(ctx, Node(fmt.Sprintf("node-%d", z), "eu-west", fmt.Sprintf("eu-west-%c", 'a'+z), "", "m5.large")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, optimizers)
+	sem := make(chan struct{}, 8)
+	for o := range optimizers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			ns, svc := fmt.Sprintf("team-%03d", o), "checkout"
+			objs := []client.Object{Namespace(ns), Service(ns, svc, ServicePort("http", 80, intstr.FromInt32(8080)))}
+			var eps []Endpoint
+			for i := range pods {
+				name, node := podName(svc, i), fmt.Sprintf("node-%d", i%3)
+				objs = append(objs, Pod(ns, name, svc, node, WithSidecar(), WithCPULimit("2")))
+				eps = append(eps, Ready(name, IP(i/250, i%250+1), node))
+			}
+			objs = append(objs, EndpointSlice(ns, svc+"-1", svc, []SlicePort{{Name: "http", Port: 8080}}, eps...), Optimizer(ns, svc, svc))
+			for _, obj := range objs {
+				if err := c.Create(ctx, obj); err != nil {
+					errs <- fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("created %d optimizers x %d pods in %v", optimizers, pods, time.Since(start).Round(time.Second))
+
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "manager")
+	build := exec.Command("go", "build", "-o", bin, "./cmd")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build manager: %v\n%s", err, out)
+	}
+	backend := httptest.NewServer(cpuBackend())
+	defer backend.Close()
+	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
+	// The default 30s cycle: 200 optimizers wake the mirror about 7 times
+	// a second, as in a real cluster.
+	cmd := exec.Command(bin, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
+		"--health-probe-bind-address", probeAddr, "--prometheus-url", backend.URL,
+		"--default-request-query", "-")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+api.Kubeconfig)
+	// MANAGER_GOMEMLIMIT reaches the manager only (the API server and etcd
+	// do not start under a manager-sized limit).
+	if limit := os.Getenv("MANAGER_GOMEMLIMIT"); limit != "" {
+		cmd.Env = append(cmd.Env, "GOMEMLIMIT="+limit)
+	}
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "manager.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+	}()
+
+	started := time.Now()
+	timeout := 15 * time.Minute
+	harness.Eventually(t, timeout, "every ServiceEntry written", func() error {
+		ses := &istionet.ServiceEntryList{}
+		if err := c.List(ctx, ses); err != nil {
+			return err
+		}
+		if len(ses.Items) != optimizers {
+			return fmt.Errorf("%d of %d ServiceEntries", len(ses.Items), optimizers)
+		}
+		return nil
+	})
+	t.Logf("every ServiceEntry written %v after the manager started", time.Since(started).Round(100*time.Millisecond))
+	// Each optimizer's engine runs a few cycles.
+	want := float64(2 * optimizers)
+	harness.Eventually(t, 10*time.Minute, "weight cycles", func() error {
+		got := sumMetric(scrape(t, metricsAddr), "optimizer_cycles_total")
+		if got < want {
+			return fmt.Errorf("%v of %v cycles", got, want)
+		}
+		return nil
+	})
+	text := scrape(t, metricsAddr)
+	rss := sumMetric(text, "process_resident_memory_bytes")
+	if rss == 0 {
+		rss = residentBytes(cmd.Process.Pid)
+	}
+	heap := sumMetric(text, "go_memstats_heap_inuse_bytes")
+	alloc := sumMetric(text, "go_memstats_heap_alloc_bytes")
+	sys := sumMetric(text, "go_memstats_sys_bytes")
+	t.Logf("%d optimizers x %d pods: resident %.1f MiB, heap in use %.1f MiB, heap allocated %.1f MiB, Go sys %.1f MiB, manager GOMEMLIMIT=%q, %v query errors",
+		optimizers, pods, rss/(1<<20), heap/(1<<20), alloc/(1<<20), sys/(1<<20), os.Getenv("MANAGER_GOMEMLIMIT"), sumMetric(text, "optimizer_query_errors_total"))
+	if rss == 0 || heap == 0 {
+		t.Errorf("the manager's metrics lack process or Go memory figures")
+	}
+	if errs := sumMetric(text, "optimizer_query_errors_total"); errs > 0 {
+		t.Errorf("%v query errors against a backend that answers for every pod", errs)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// sumMetric adds every sample of a metric in a text exposition.
+func sumMetric(text, name string) float64 {
+	total := 0.0
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, name) || len(line) <= len(name) || (line[len(name)] != ' ' && line[len(name)] != '{') {
+			continue
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			total += v
+		}
+	}
+	return total
+}
+
+// residentBytes reads a process's resident set from /proc (Linux), for
+// managers whose metrics lack the process collector.
+func residentBytes(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
