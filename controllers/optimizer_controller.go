@@ -136,11 +136,13 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		return ctrl.Result{}, err
 	}
 	useEngine := r.Loop.enabled() && !settings.DryRun
+	in.WeightsLearned = weightsLearned(r.Weights.Outcome(req.NamespacedName), useEngine, live.dr)
 	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
 		return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
 	}
 	res := desired.Compute(in)
 	st.host = res.Host
+	st.balancer(opt.Balancer(), res.LoadBalancer, useEngine)
 	st.endpointsByPod = make(map[string]desired.Endpoint, len(res.Endpoints))
 	for _, ep := range res.Endpoints {
 		st.endpointsByPod[ep.Pod] = ep

@@ -26,6 +26,7 @@ type Metrics struct {
 	WeightSpread     *prometheus.GaugeVec
 	ServiceEndpoints *prometheus.GaugeVec
 	Condition        *prometheus.GaugeVec
+	SignalAvailable  *prometheus.GaugeVec
 
 	mu sync.Mutex
 	// pods remembers, per service, which pod series exist so the series of a
@@ -101,6 +102,10 @@ func New() *Metrics {
 			Name: "optimizer_status_condition",
 			Help: "1 for each status condition of an optimizer with its status and reason, so Stalled and Degraded optimizers can alert.",
 		}, []string{"namespace", "name", "type", "status", "reason"}),
+		SignalAvailable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_signal_available",
+			Help: "1 when the last weight cycle had data for a signal (cpu, requests, latency), 0 when it was disabled or had none; requests 0 means the weights rest on CPU alone.",
+		}, append(append([]string{}, serviceLabels...), "signal")),
 		pods: map[serviceKey]map[podKey]struct{}{},
 	}
 }
@@ -122,7 +127,7 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
 		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Writes, m.Fallbacks, m.Mode,
-		m.WeightSpread, m.ServiceEndpoints, m.Condition,
+		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.SignalAvailable,
 	}
 }
 
@@ -207,7 +212,7 @@ func (m *Metrics) ForgetService(namespace, service string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.EndpointWeight, m.QueryLatency, m.QueryErrors, m.PodCPU, m.PodRequestRate, m.PodCapacity,
-		m.Cycles, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints} {
+		m.Cycles, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints, m.SignalAvailable} {
 		v.DeletePartialMatch(svc)
 	}
 }
