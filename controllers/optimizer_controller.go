@@ -169,11 +169,13 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	}
 	useEngine := r.Loop.enabled() && !settings.DryRun
 	r.Weights.Restore(req.NamespacedName, settings.Params, learnedSnapshot(opt))
+	in.WeightsLearned = weightsLearned(r.Weights.Outcome(req.NamespacedName), useEngine, live.dr)
 	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
 		return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
 	}
 	res := desired.Compute(in)
 	st.host = res.Host
+	st.balancer(opt.Balancer(), res.LoadBalancer, useEngine)
 	st.endpointsByPod = make(map[string]desired.Endpoint, len(res.Endpoints))
 	for _, ep := range res.Endpoints {
 		st.endpointsByPod[ep.Pod] = ep

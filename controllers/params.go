@@ -18,6 +18,7 @@ type EngineDefaults struct {
 	Params       weights.Params
 	CPUQuery     string
 	RequestQuery string
+	LatencyQuery string
 }
 
 // DefaultEngineDefaults are the defaults without flags.
@@ -27,6 +28,7 @@ func DefaultEngineDefaults() EngineDefaults {
 		Params:       weights.DefaultParams(),
 		CPUQuery:     promsource.DefaultCPUQuery,
 		RequestQuery: promsource.DefaultRequestQuery,
+		LatencyQuery: promsource.DefaultLatencyQuery,
 	}
 }
 
@@ -48,6 +50,7 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&d.Params.PoolByHardware, "default-share-by-hardware", d.Params.PoolByHardware, "Share capacity estimates between pods on the same node instance type (spec.optimization.share_by_hardware).")
 	fs.StringVar(&d.CPUQuery, "default-cpu-query", d.CPUQuery, "PromQL template of per-pod CPU cores (spec.optimization.cpu_query).")
 	fs.StringVar(&d.RequestQuery, "default-request-query", d.RequestQuery, `PromQL template of per-pod requests per second, "-" for CPU only (spec.optimization.request_query).`)
+	fs.StringVar(&d.LatencyQuery, "default-latency-query", d.LatencyQuery, `PromQL template of per-pod mean request duration in seconds, "-" for none (spec.optimization.latency_query).`)
 }
 
 // Validate reports invalid defaults at start-up.
@@ -60,10 +63,8 @@ func (d EngineDefaults) Validate() error {
 
 // settings are the defaults as the settings of one optimizer.
 func (d EngineDefaults) settings(dryRun bool) Settings {
-	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, DryRun: dryRun}
-	if s.RequestQuery == "-" {
-		s.RequestQuery = ""
-	}
+	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, LatencyQuery: d.LatencyQuery, DryRun: dryRun}
+	s.disableDashed()
 	return s
 }
 
@@ -73,7 +74,18 @@ type Settings struct {
 	Params       weights.Params
 	CPUQuery     string
 	RequestQuery string // "" when CPU only
+	LatencyQuery string // "" when none
 	DryRun       bool
+}
+
+// disableDashed turns the "-" of an optional query into "" (not queried).
+func (s *Settings) disableDashed() {
+	if s.RequestQuery == "-" {
+		s.RequestQuery = ""
+	}
+	if s.LatencyQuery == "-" {
+		s.LatencyQuery = ""
+	}
 }
 
 // settingsFor merges an optimizer's spec over the defaults. An invalid
@@ -118,10 +130,11 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 		if o.RequestQuery != "" {
 			s.RequestQuery = o.RequestQuery
 		}
+		if o.LatencyQuery != "" {
+			s.LatencyQuery = o.LatencyQuery
+		}
 	}
-	if s.RequestQuery == "-" {
-		s.RequestQuery = ""
-	}
+	s.disableDashed()
 	problems := s.problems()
 	if o := opt.Spec.Optimization; o != nil {
 		for _, f := range durationFields(o) {
@@ -151,6 +164,11 @@ func (s Settings) problems() []string {
 	if s.RequestQuery != "" {
 		if err := promsource.Validate(s.RequestQuery); err != nil {
 			problems = append(problems, "request_query: "+err.Error())
+		}
+	}
+	if s.LatencyQuery != "" {
+		if err := promsource.Validate(s.LatencyQuery); err != nil {
+			problems = append(problems, "latency_query: "+err.Error())
 		}
 	}
 	return problems

@@ -179,7 +179,7 @@ func TrimPod(obj any) (any, error) {
 	}
 	for _, c := range pod.Spec.Containers {
 		trimmed.Spec.Containers = append(trimmed.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports,
-			Resources: corev1.ResourceRequirements{Limits: cpuOnly(c.Resources.Limits)}})
+			Resources: corev1.ResourceRequirements{Limits: cpuOnly(c.Resources.Limits), Requests: cpuOnly(c.Resources.Requests)}})
 	}
 	for _, c := range pod.Spec.InitContainers {
 		if c.Name == "istio-proxy" {
@@ -194,7 +194,8 @@ func TrimPod(obj any) (any, error) {
 	return trimmed, nil
 }
 
-// TrimNode keeps only a Node's labels (topology and instance type).
+// TrimNode keeps only a Node's labels (topology and instance type) and its
+// allocatable CPU (a ceiling on what a pod without a CPU limit can use).
 func TrimNode(obj any) (any, error) {
 	node, ok := obj.(*corev1.Node)
 	if !ok {
@@ -203,6 +204,7 @@ func TrimNode(obj any) (any, error) {
 	return &corev1.Node{
 		TypeMeta:   node.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID, ResourceVersion: node.ResourceVersion, Labels: node.Labels},
+		Status:     corev1.NodeStatus{Allocatable: cpuOnly(node.Status.Allocatable)},
 	}, nil
 }
 

@@ -35,7 +35,9 @@ type status struct {
 	note           string // what the weight engine is doing, for Ready's message
 	// quiet: the weight cycle brought nothing worth a status write (see
 	// statusRefreshInterval), so the messages that quote it stay as they are.
-	quiet bool
+	quiet        bool
+	loadBalancer string // the DestinationRule's policy
+	balancerNote string // why it is not the one asked for
 }
 
 type reasonMessage struct{ reason, message string }
@@ -71,6 +73,9 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 	if s.owned != (optv1.OwnedObjects{}) {
 		st.OwnedObjects = s.owned
 	}
+	if s.loadBalancer != "" {
+		st.LoadBalancer = s.loadBalancer
+	}
 	st.Endpoints = s.endpoints
 	unchangedShape := prevShape == [3]any{st.Host, st.Endpoints, st.OwnedObjects}
 	set := func(t string, status metav1.ConditionStatus, reason, msg string) {
@@ -102,6 +107,9 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 		set(optv1.ConditionStalled, metav1.ConditionFalse, "Retrying", "The last error is being retried")
 	default:
 		msg := fmt.Sprintf("%d ready endpoints mirrored into ServiceEntry %s/%s on host %s; %s", s.endpoints, s.owned.Namespace, s.owned.ServiceEntry, s.host, s.note)
+		if s.balancerNote != "" {
+			msg += "; " + s.balancerNote
+		}
 		set(optv1.ConditionReady, metav1.ConditionTrue, "Reconciled", msg)
 		set(optv1.ConditionReconciling, metav1.ConditionFalse, "Reconciled", "Up to date")
 		set(optv1.ConditionStalled, metav1.ConditionFalse, "Reconciled", "No problem found")
@@ -161,6 +169,9 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 		s.degraded("WeightsFallback", "The metrics backend failed for longer than the weight expiry; weights fell back to equal: "+out.Result.Message)
 	case weights.ModeNoData:
 		s.degraded("MetricsMissing", "The metrics backend has no data for the pods; check the queries and the scrape configuration: "+out.Result.Message)
+	}
+	if msg := cpuOnlyReason(out.Signals); msg != "" {
+		s.degraded("CPUOnly", msg)
 	}
 }
 

@@ -189,26 +189,17 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 		l.Metrics.ReconcileError(weightControllerName, "query", key.Name, key.Namespace)
 		logger.Info("CPU query failed", "error", textutil.Printable(err.Error(), textutil.LogLimit))
 	}
-	var requests promsource.Result
-	var reqErr error
-	if s.RequestQuery != "" && obs.Err == nil {
-		requests, reqErr = l.Source.Query(ctx, s.RequestQuery, qt, now)
-		if reqErr != nil {
-			// Without request rates the engine estimates capacity from CPU
-			// and the weights each pod held; not a failure of the cycle.
-			var empty *promsource.EmptyResultError
-			if !errors.As(reqErr, &empty) {
-				l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "requests", queryErrorReason(reqErr)).Inc()
-				logger.Info("Request-rate query failed; estimating from CPU only", "error", textutil.Printable(reqErr.Error(), textutil.LogLimit))
-			}
-		}
+	var requests, latency promsource.Result
+	if obs.Err == nil {
+		requests = l.optionalSignal(ctx, logger, tgt, "requests", s.RequestQuery, qt, now)
+		latency = l.optionalSignal(ctx, logger, tgt, "latency", s.LatencyQuery, qt, now)
 	}
 	// Series that were dropped (duplicates, NaN, no pod label, warnings)
 	// do not fail the cycle, but the user must hear why a pod has no data.
 	for _, r := range []struct {
 		signal string
 		res    promsource.Result
-	}{{"cpu", cpu}, {"requests", requests}} {
+	}{{"cpu", cpu}, {"requests", requests}, {"latency", latency}} {
 		if issues := r.res.Err(); issues != nil {
 			logger.Info("Query answer had problems; the affected series were ignored", "signal", r.signal,
 				"query", textutil.Printable(r.res.Query, textutil.LogLimit), "problems", textutil.Printable(issues.Error(), textutil.LogLimit))
@@ -218,19 +209,24 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 		return
 	}
 	for _, p := range pods {
-		sig := weights.Signal{CPU: math.NaN(), Requests: math.NaN()}
+		sig := weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN()}
 		if v, ok := cpu.Values[p]; ok && obs.Err == nil {
 			sig.CPU = v
 		}
-		if v, ok := requests.Values[p]; ok && reqErr == nil {
+		if v, ok := requests.Values[p]; ok {
 			sig.Requests = v
+		}
+		if v, ok := latency.Values[p]; ok {
+			sig.Latency = v
 		}
 		obs.Signals[p] = sig
 	}
+	avail := signalsOf(s, obs.Err == nil && len(cpu.Values) > 0, requests, latency)
 	out, eps, ok := l.Book.Update(key, s.Params, obs, s.DryRun)
 	if !ok {
 		return
 	}
+	out.Signals = l.Book.noteSignals(key, avail)
 	l.publish(tgt, eps, obs, out)
 	if out.Result.Changed {
 		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "message", out.Result.Message)
@@ -263,6 +259,9 @@ func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Obs
 		samples = append(samples, s)
 	}
 	m.SetPods(tgt.namespace, tgt.service, samples)
+	for signal, ok := range map[string]bool{"cpu": out.Signals.CPU, "requests": out.Signals.Requests, "latency": out.Signals.Latency} {
+		m.SignalAvailable.WithLabelValues(tgt.namespace, tgt.service, signal).Set(b2f(ok))
+	}
 	m.Cycles.WithLabelValues(tgt.namespace, tgt.service, string(out.Result.Mode)).Inc()
 	m.SetMode(tgt.namespace, tgt.service, string(out.Result.Mode))
 	m.WeightSpread.WithLabelValues(tgt.namespace, tgt.service).Set(spread(out.Result.Weights))

@@ -42,6 +42,8 @@ type Outcome struct {
 	Result   weights.Result
 	DryRun   bool
 	QueryErr error
+	// Signals says which signals the cycle had data for.
+	Signals Signals
 }
 
 // NewWeightBook returns an empty book.
@@ -124,7 +126,8 @@ func (e *bookEntry) pods(now time.Time, eps []desired.Endpoint) []weights.Pod {
 			t = now
 		}
 		since[ep.Pod] = t
-		out = append(out, weights.Pod{Name: ep.Pod, Locality: ep.Locality, HardwareClass: ep.HardwareClass, Cores: ep.Cores, ReadySince: t})
+		out = append(out, weights.Pod{Name: ep.Pod, Locality: ep.Locality, HardwareClass: ep.HardwareClass, Cores: ep.Cores,
+			CPURequest: ep.CPURequest, NodeCores: ep.NodeCores, ReadySince: t})
 	}
 	e.readySince = since
 	return out

@@ -27,6 +27,7 @@ type Metrics struct {
 	ServiceEndpoints *prometheus.GaugeVec
 	Condition        *prometheus.GaugeVec
 	WatchErrors      *prometheus.CounterVec
+	SignalAvailable  *prometheus.GaugeVec
 
 	mu sync.Mutex
 	// pods remembers, per service, which pod series exist so the series of a
@@ -106,6 +107,10 @@ func New() *Metrics {
 			Name: "optimizer_watch_errors_total",
 			Help: "List and watch errors of the manager's informers, by resource; a rising count means the cache is stale (for example an object that cannot be decoded).",
 		}, []string{"resource"}),
+		SignalAvailable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_signal_available",
+			Help: "1 when the last weight cycle had data for a signal (cpu, requests, latency), 0 when it was disabled or had none; requests 0 means the weights rest on CPU alone.",
+		}, append(append([]string{}, serviceLabels...), "signal")),
 		pods: map[serviceKey]map[podKey]struct{}{},
 	}
 }
@@ -131,7 +136,7 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
 		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Writes, m.Fallbacks, m.Mode,
-		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors,
+		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors, m.SignalAvailable,
 	}
 }
 
@@ -216,7 +221,7 @@ func (m *Metrics) ForgetService(namespace, service string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.EndpointWeight, m.QueryLatency, m.QueryErrors, m.PodCPU, m.PodRequestRate, m.PodCapacity,
-		m.Cycles, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints} {
+		m.Cycles, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints, m.SignalAvailable} {
 		v.DeletePartialMatch(svc)
 	}
 }

@@ -28,6 +28,21 @@ const (
 	RoutingNone RoutingMode = "none"
 )
 
+// LoadBalancer is the DestinationRule's load-balancing policy for the
+// optimized host.
+// +kubebuilder:validation:Enum=ROUND_ROBIN;LEAST_REQUEST
+type LoadBalancer string
+
+const (
+	// LoadBalancerRoundRobin: weighted ROUND_ROBIN, traffic in proportion to
+	// the weights. Until the weights rest on measured capacity the operator
+	// keeps Istio's default LEAST_REQUEST in place.
+	LoadBalancerRoundRobin LoadBalancer = "ROUND_ROBIN"
+	// LoadBalancerLeastRequest: Envoy's weighted LEAST_REQUEST, which picks
+	// by weight/(active requests+1) and so also reacts to queues.
+	LoadBalancerLeastRequest LoadBalancer = "LEAST_REQUEST"
+)
+
 // ServicePort selects one port of the Service to optimize.
 type ServicePort struct {
 	// number is the Service port number.
@@ -153,6 +168,12 @@ type Optimization struct {
 	// CPU only.
 	// +optional
 	RequestQuery string `json:"request_query,omitempty"`
+
+	// latency_query overrides the PromQL template of each pod's mean request
+	// duration in seconds as its own sidecar measures it, same variables as
+	// cpu_query. Set to "-" to go without latency.
+	// +optional
+	LatencyQuery string `json:"latency_query,omitempty"`
 }
 
 // IstioAdaptiveRequestOptimizerSpec is what the user asks for.
@@ -197,6 +218,12 @@ type IstioAdaptiveRequestOptimizerSpec struct {
 	// Service to the optimized host; none writes no VirtualService.
 	// +optional
 	RoutingMode RoutingMode `json:"routing_mode,omitempty"`
+
+	// load_balancer is the DestinationRule's policy: ROUND_ROBIN (default;
+	// Istio's LEAST_REQUEST is kept until the weights rest on measured
+	// capacity) or LEAST_REQUEST (weighted least request, from the start).
+	// +optional
+	LoadBalancer LoadBalancer `json:"load_balancer,omitempty"`
 
 	// dry_run computes and publishes weights (status, metrics) but does not
 	// write them into the ServiceEntry.
@@ -262,6 +289,10 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// weightSpread is max weight / min weight, as a decimal string.
 	// +optional
 	WeightSpread string `json:"weightSpread,omitempty"`
+
+	// loadBalancer is the policy the DestinationRule carries now.
+	// +optional
+	LoadBalancer string `json:"loadBalancer,omitempty"`
 
 	// weights are the last computed weights, the first 100 by pod name
 	// (endpoint_weight has them all).
@@ -331,6 +362,14 @@ func (o *IstioAdaptiveRequestOptimizer) OptimizedHost() string {
 		return o.Spec.Host
 	}
 	return o.Spec.ServiceName + "." + o.TargetNamespace() + ".adaptive"
+}
+
+// Balancer is the requested load-balancing policy (ROUND_ROBIN when unset).
+func (o *IstioAdaptiveRequestOptimizer) Balancer() LoadBalancer {
+	if o.Spec.LoadBalancer == "" {
+		return LoadBalancerRoundRobin
+	}
+	return o.Spec.LoadBalancer
 }
 
 // Routing is the effective routing mode.

@@ -1,7 +1,8 @@
 // Package desired computes, without I/O, the Istio objects the operator wants
 // for one optimizer: a ServiceEntry on the optimized host mirroring the
 // Service's ready pods with per-pod weight and locality, a DestinationRule
-// with ROUND_ROBIN (and locality load balancing on request), and a
+// with the load-balancing policy of LoadBalancer (and locality load balancing
+// on request), and a
 // VirtualService that sends the mesh's traffic for the Kubernetes host to the
 // optimized host. Controllers read the cluster, call Compute, and apply.
 package desired
@@ -9,6 +10,7 @@ package desired
 import (
 	"fmt"
 
+	networking "istio.io/api/networking/v1alpha3"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -67,6 +69,10 @@ type Input struct {
 	ClusterDomain string
 	// Mesh: export scope, the user's DestinationRules, ambient enrolment.
 	Mesh MeshContext
+	// WeightsLearned: the weights written rest on measured capacity (the
+	// weight engine's Result.Learned, outside dry run). It decides when a
+	// ROUND_ROBIN optimizer leaves Istio's default LEAST_REQUEST.
+	WeightsLearned bool
 }
 
 // Endpoint is one ready pod as it is routed.
@@ -80,9 +86,14 @@ type Endpoint struct {
 	Sidecar        bool
 	// Cores is the CPU limit of the pod's application containers (not the
 	// sidecar), 0 when unknown; the weight engine uses it to see saturation.
-	Cores  float64
-	Weight uint32
-	Ports  map[string]uint32 // per-endpoint port overrides, by SE port name
+	Cores float64
+	// CPURequest is the CPU the application containers request, in cores,
+	// and NodeCores the allocatable CPU of the pod's node; 0 when unknown.
+	// Bounds on what a pod without a limit can use.
+	CPURequest float64
+	NodeCores  float64
+	Weight     uint32
+	Ports      map[string]uint32 // per-endpoint port overrides, by SE port name
 }
 
 // Port is one optimized port.
@@ -109,12 +120,14 @@ type Problem struct {
 
 // Result is what Compute decided.
 type Result struct {
-	Host            string
-	KubernetesHost  string
-	Name            string // name of the owned objects
-	Namespace       string // namespace of the owned objects (the Service's)
-	Ports           []Port
-	Endpoints       []Endpoint // sorted by pod name, at most MaxEndpoints (more is a fatal problem)
+	Host           string
+	KubernetesHost string
+	Name           string // name of the owned objects
+	Namespace      string // namespace of the owned objects (the Service's)
+	Ports          []Port
+	Endpoints      []Endpoint // sorted by pod name, at most MaxEndpoints (more is a fatal problem)
+	// LoadBalancer is the DestinationRule's simple policy.
+	LoadBalancer    networking.LoadBalancerSettings_SimpleLB
 	ServiceEntry    *istionet.ServiceEntry
 	DestinationRule *istionet.DestinationRule
 	VirtualService  *istionet.VirtualService // nil with routing_mode none
@@ -182,6 +195,7 @@ func Compute(in Input) Result {
 	}
 
 	labels := OwnedLabels(opt)
+	r.LoadBalancer = LoadBalancer(opt.Spec.LoadBalancer, in.WeightsLearned)
 	r.ServiceEntry = serviceEntry(r, labels)
 	r.DestinationRule = destinationRule(r, opt, labels)
 	if opt.Routing() == optv1.RoutingVirtualService {

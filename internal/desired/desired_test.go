@@ -944,7 +944,9 @@ func TestComputeRoutingObjects(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			r := Compute(Input{Optimizer: tc.opt, Service: threePorts,
+			// Learned weights: the default policy is then ROUND_ROBIN (before,
+			// LEAST_REQUEST; see TestLoadBalancer).
+			r := Compute(Input{Optimizer: tc.opt, Service: threePorts, WeightsLearned: true,
 				Slices: []discoveryv1.EndpointSlice{slice("s1", map[string]int32{"http": 8080, "grpc-api": 9090, "db": 5432}, readyEP("a", 1, ""))}})
 			if len(r.Problems) != 0 {
 				t.Fatalf("problems: %+v", r.Problems)

@@ -103,6 +103,7 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 				ep.ServiceAccount = pod.Spec.ServiceAccountName
 				ep.Sidecar = HasSidecar(pod)
 				ep.Cores = CPULimit(pod)
+				ep.CPURequest = CPURequest(pod)
 				if ep.Node == "" {
 					ep.Node = pod.Spec.NodeName
 				}
@@ -111,6 +112,7 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 			ep.Locality = locality(node, e.Zone)
 			if node != nil {
 				ep.HardwareClass = node.Labels[corev1.LabelInstanceTypeStable]
+				ep.NodeCores = NodeCores(node)
 			}
 			for _, p := range ports {
 				if n, ok := slicePorts[p.serviceName]; ok && uint32(n) != p.TargetPort && !explicitTarget(in.Optimizer, p.Number) {
@@ -256,6 +258,30 @@ func locality(node *corev1.Node, sliceZone *string) string {
 		return ""
 	}
 	return strings.TrimRight(region+"/"+zone+"/"+subzone, "/")
+}
+
+// CPURequest sums the CPU requests of the application containers (not the
+// sidecar), in cores; a container without a request adds nothing, so the
+// sum is a floor of what the pod may use, 0 when none requests CPU.
+func CPURequest(pod *corev1.Pod) float64 {
+	total := 0.0
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "istio-proxy" {
+			continue
+		}
+		if q, ok := c.Resources.Requests[corev1.ResourceCPU]; ok {
+			total += q.AsApproximateFloat64()
+		}
+	}
+	return total
+}
+
+// NodeCores is a node's allocatable CPU in cores, 0 when unknown.
+func NodeCores(node *corev1.Node) float64 {
+	if q, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+		return q.AsApproximateFloat64()
+	}
+	return 0
 }
 
 // CPULimit sums the CPU limits of the application containers, in cores; 0

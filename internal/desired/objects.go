@@ -56,7 +56,7 @@ func destinationRule(r Result, opt *optv1.IstioAdaptiveRequestOptimizer, labels 
 	}
 	dr.Spec.Host = r.Host
 	lb := &networking.LoadBalancerSettings{
-		LbPolicy: &networking.LoadBalancerSettings_Simple{Simple: networking.LoadBalancerSettings_ROUND_ROBIN},
+		LbPolicy: &networking.LoadBalancerSettings_Simple{Simple: r.LoadBalancer},
 	}
 	policy := &networking.TrafficPolicy{LoadBalancer: lb}
 	if opt.Spec.LocalityEnabled {

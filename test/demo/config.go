@@ -177,7 +177,7 @@ func ParseFlags(args []string) (Config, error) {
 
 Runs, on loopback, a local API server, a real Prometheus, istiod (if built)
 and the operator, a fleet of simulated pods of unequal speed, and sidecar-like
-load generators; measures latency with equal weights (dry run), then with the
+load generators; measures latency with Istio's default LEAST_REQUEST (no optimizer), then with the
 operator's weights, and prints a before/after summary and writes a picture.
 
 Flags:

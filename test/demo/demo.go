@@ -101,7 +101,10 @@ type point struct {
 type opStats struct {
 	Cycles   int
 	SEWrites int
-	Mode     string
+	// RoutingWrites counts ServiceEntry and DestinationRule writes (the
+	// latter when the load balancer switches).
+	RoutingWrites int
+	Mode          string
 	// Capacity is the engine's relative capacity estimate per pod (mean 1).
 	Capacity map[string]float64
 }
@@ -250,7 +253,7 @@ func (d *demo) printFleet() {
 	d.logf("Load: %d sidecars, Poisson arrivals, %.0f req/s in total = %.0f%% of the fleet's capacity (%.0f req/s);",
 		d.cfg.Sidecars, d.cfg.TotalRate(), d.cfg.Load*100, d.cfg.TotalCapacity())
 	d.logf("      %s service time %v at speed 1.0, client timeout %v.", d.cfg.WorkDistribution, work, d.cfg.Timeout.Duration)
-	d.logf("Plan: %v warm-up, %v baseline with equal weights (optimizer in dry_run), then dry_run: false and the",
+	d.logf("Plan: %v warm-up, %v before: the plain Service with Istio's default LEAST_REQUEST (no optimizer); then the optimizer is applied and the",
 		ph.Warmup, ph.Window)
 	d.logf("      operator (cycle %v) optimizes until converged (at most %v), %v settling, %v measurement.",
 		d.cfg.Cycle.Duration, ph.OptimizeMax, ph.Settle, ph.Window)
@@ -340,9 +343,6 @@ func (d *demo) start(ctx context.Context) error {
 		return err
 	}
 	if err := d.startOperator(ctx); err != nil {
-		return err
-	}
-	if err := d.createOptimizer(ctx); err != nil {
 		return err
 	}
 	if err := d.startSidecars(ctx); err != nil {
@@ -454,12 +454,12 @@ func (d *demo) queryWindow() time.Duration {
 	return max(3*d.cfg.Cycle.Duration, 3*scrapeInterval)
 }
 
-// createOptimizer applies the optimizer in dry run: the ServiceEntry,
-// DestinationRule and VirtualService are written with equal weights, and
-// the operator computes (but does not apply) weights.
+// createOptimizer applies the optimizer, as a user opting in on a live
+// Service does: the operator writes the ServiceEntry, DestinationRule and
+// VirtualService and starts learning (the DestinationRule keeps Istio's
+// LEAST_REQUEST until the weights rest on measured capacity).
 func (d *demo) createOptimizer(ctx context.Context) error {
 	opt := fx.Optimizer(namespace, serviceName, serviceName, optv1.ServicePort{Number: servicePort, Protocol: optv1.ProtocolHTTP})
-	opt.Spec.DryRun = true
 	opt.Spec.Optimization = &optv1.Optimization{
 		Cycle:          &optv1.Duration{Duration: d.cfg.Cycle.Duration},
 		QueryWindow:    &optv1.Duration{Duration: d.queryWindow()},
@@ -468,7 +468,7 @@ func (d *demo) createOptimizer(ctx context.Context) error {
 	if err := d.c.Create(ctx, opt); err != nil {
 		return fmt.Errorf("create optimizer: %w", err)
 	}
-	d.logf("Applied IstioAdaptiveRequestOptimizer %s/%s (service_name: %s, dry_run: true, cycle %v, query_window %v).",
+	d.logf("Applied IstioAdaptiveRequestOptimizer %s/%s (service_name: %s, cycle %v, query_window %v).",
 		namespace, serviceName, serviceName, d.cfg.Cycle.Duration, d.queryWindow())
 	// The ServiceEntry with every pod.
 	deadline := time.Now().Add(30 * time.Second)
@@ -510,7 +510,8 @@ func (d *demo) startSidecars(ctx context.Context) error {
 			}
 			src = &xdsSource{x: x, host: kubernetesHost, port: servicePort}
 		} else {
-			src = &seSource{c: d.c, key: client.ObjectKey{Namespace: namespace, Name: desired.ObjectName(serviceName)}}
+			src = &seSource{c: d.c, key: client.ObjectKey{Namespace: namespace, Name: desired.ObjectName(serviceName)},
+				slice: client.ObjectKey{Namespace: namespace, Name: serviceName + "-demo"}}
 		}
 		s := newSidecar(i, rate, src, byAddr, d.pods, d.cfg.Timeout.Duration, d.rec, uint64(time.Now().UnixNano()))
 		d.sidecars = append(d.sidecars, s)
@@ -544,10 +545,10 @@ func (d *demo) startSidecars(ctx context.Context) error {
 		x := d.sidecars[0].src.(*xdsSource).x
 		cluster, _ := x.RouteCluster(kubernetesHost, servicePort)
 		info, _ := x.Cluster(cluster)
-		d.logf("%d sidecars connected to istiod over xDS: the route for %s:%d leads to cluster %s (lb_policy %s).",
+		d.logf("%d sidecars connected to istiod over xDS: the route for %s:%d leads to cluster %s (lb_policy %s), no optimizer yet.",
 			len(d.sidecars), kubernetesHost, servicePort, cluster, info.LbPolicy)
 	} else {
-		d.logf("%d sidecars read the ServiceEntry's endpoints and weights.", len(d.sidecars))
+		d.logf("%d sidecars read the EndpointSlice (LEAST_REQUEST, no optimizer yet), then the ServiceEntry's endpoints and weights.", len(d.sidecars))
 	}
 	return nil
 }
@@ -597,6 +598,9 @@ func (d *demo) operator() opStats {
 				if label(m, "kind") == "ServiceEntry" {
 					st.SEWrites += int(m.GetCounter().GetValue())
 				}
+				if k := label(m, "kind"); k == "ServiceEntry" || k == "DestinationRule" {
+					st.RoutingWrites += int(m.GetCounter().GetValue())
+				}
 			case "optimizer_pod_capacity_estimate":
 				if st.Capacity == nil {
 					st.Capacity = map[string]float64{}
@@ -626,7 +630,7 @@ func (d *demo) now() float64 { return time.Since(d.t0).Seconds() }
 func (d *demo) traffic(ctx context.Context) error {
 	d.t0 = time.Now()
 	d.rec.t0 = d.t0
-	d.phase.Store("warm-up, equal weights")
+	d.phase.Store("warm-up, no optimizer")
 	stop := make(chan struct{})
 	abortCtx, abort := context.WithCancel(context.Background())
 	pollCtx, stopPolling := context.WithCancel(context.Background())
@@ -665,26 +669,20 @@ func (d *demo) traffic(ctx context.Context) error {
 		return err
 	}
 	d.setMark(markBaselineStart)
-	d.phase.Store("baseline, equal weights (dry_run)")
+	d.phase.Store("before: Istio's LEAST_REQUEST")
 	if err := sleepCtx(ctx, ph.Window); err != nil {
 		return err
 	}
 	d.setMark(markBaselineEnd)
 
-	// Optimize: dry_run off.
+	// Opt in.
 	before := d.operator()
-	opt := &optv1.IstioAdaptiveRequestOptimizer{}
-	if err := d.c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: serviceName}, opt); err != nil {
-		return err
-	}
-	patch := client.MergeFrom(opt.DeepCopy())
-	opt.Spec.DryRun = false
-	if err := d.c.Patch(ctx, opt, patch); err != nil {
-		return fmt.Errorf("switch dry_run off: %w", err)
-	}
 	d.setMark(markSwitch)
 	d.phase.Store("optimizing")
-	fmt.Fprintf(d.out, "\n>>> t=%.0fs: spec.dry_run set to false: the operator now applies its weights.\n\n", d.now())
+	fmt.Fprintf(d.out, "\n>>> t=%.0fs: the optimizer is applied: the operator routes the Service through its host and learns the weights.\n\n", d.now())
+	if err := d.createOptimizer(ctx); err != nil {
+		return err
+	}
 
 	conv := d.waitConverged(ctx, before)
 	if err := ctx.Err(); err != nil {
@@ -695,7 +693,7 @@ func (d *demo) traffic(ctx context.Context) error {
 	d.mu.Unlock()
 	d.setMark(markConverged)
 	if conv.Converged {
-		fmt.Fprintf(d.out, "\n>>> t=%.0fs: converged: %s.\n\n", d.now(), conv.describe())
+		fmt.Fprintf(d.out, "\n>>> t=%.0fs: converged: %s; the sidecars balance with %s.\n\n", d.now(), conv.describe(), d.sidecars[0].Policy())
 	} else {
 		fmt.Fprintf(d.out, "\n>>> t=%.0fs: not converged within %v; measuring anyway.\n\n", d.now(), ph.OptimizeMax)
 	}
@@ -733,9 +731,8 @@ const convergedAfter = 3
 // convergence is what waitConverged found.
 type convergence struct {
 	Converged bool
-	// Cycles: operator cycles after dry_run: false until the last weight
-	// change (0: the weights were applied at the switch itself, from what
-	// was learned in dry run).
+	// Cycles: operator cycles after the optimizer was applied until the
+	// last change of the weights or the load balancer.
 	Cycles int
 	// Time from the switch to the last weight change.
 	Time time.Duration
@@ -751,22 +748,27 @@ func (d *demo) waitConverged(ctx context.Context, before opStats) convergence {
 	c := convergence{Before: before, Cycles: -1}
 	start := time.Now()
 	deadline := start.Add(d.phases.OptimizeMax)
-	lastWrites := before.SEWrites
+	lastWrites := before.RoutingWrites
 	for time.Now().Before(deadline) {
 		st := d.operator()
 		cycles := st.Cycles - before.Cycles
-		if st.SEWrites != lastWrites {
-			lastWrites = st.SEWrites
+		if d.sidecars[0].Policy() != string(optv1.LoadBalancerRoundRobin) {
+			// Not learned yet: the DestinationRule keeps LEAST_REQUEST
+			// until the weights rest on measured capacity.
+			lastWrites, c.Cycles = -1, -1
+			if sleepCtx(ctx, 100*time.Millisecond) != nil {
+				return c
+			}
+			continue
+		}
+		if st.RoutingWrites != lastWrites {
+			lastWrites = st.RoutingWrites
 			c.Cycles, c.Time = cycles, time.Since(start)
 		}
 		c.Writes = st.SEWrites - before.SEWrites
 		switch {
 		case c.Cycles >= 0 && cycles-c.Cycles >= convergedAfter:
 			c.Converged = true
-			return c
-		case c.Cycles < 0 && cycles >= convergedAfter+2:
-			// Nothing to change (the weights were right already).
-			c.Converged, c.Cycles = true, 0
 			return c
 		}
 		if sleepCtx(ctx, 100*time.Millisecond) != nil {

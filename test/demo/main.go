@@ -10,18 +10,21 @@
 // first-served queue, exporting its busy time as cAdvisor's
 // container_cpu_usage_seconds_total and its served requests as Istio's
 // istio_requests_total; registers them as Pods, Nodes, an EndpointSlice and a
-// Service; and applies an optimizer in dry run. Load generators act like
-// client sidecars: each has its own Poisson arrivals and picks pods with
-// Envoy's weighted round robin (EDF) over the weights it gets from istiod over
-// xDS (or, without istiod, from the ServiceEntry), measuring real latency.
+// Service. Load generators act like client sidecars: each has its own
+// Poisson arrivals and picks pods as Envoy does for the policy and weights it
+// gets from istiod over xDS (or, without istiod, from the EndpointSlice and
+// then the ServiceEntry): LEAST_REQUEST (power of two choices, or EDF over
+// weight/(active+1)) or weighted ROUND_ROBIN (EDF), measuring real latency.
 //
 // The EndpointSlice addresses are identifiers from 198.18.0.0/15 (the API
 // server rejects loopback addresses); a load generator maps the endpoint
 // address it receives to the pod's loopback server and never sends anything
 // to 198.18.0.0/15.
 //
-// Phases: warm-up and a baseline window with equal weights (dry_run: true),
-// then dry_run: false until the weights converge, then a second window. It
+// Phases: warm-up and a "before" window on the plain Service with Istio's
+// default LEAST_REQUEST (what a user has before opting in), then the
+// optimizer is applied and runs until the weights and the load balancer
+// converge, then a second window. It
 // prints a live table, a before/after summary, and writes an SVG picture.
 // Ctrl-C stops it and everything it started.
 package main

@@ -28,9 +28,12 @@ type Summary struct {
 	Timeout  time.Duration
 	Fleet    []podSpec
 
-	// Before: equal weights (dry run). After: after convergence.
+	// Before: the plain Service, Istio's default LEAST_REQUEST, no
+	// optimizer. After: after convergence.
 	Before, After windowStats
 	Convergence   convergence
+	// AfterPolicy is the load balancer the sidecars used at the end.
+	AfterPolicy string
 	// ServiceEntry writes (optimizer_writes_total{kind="ServiceEntry"}).
 	SEWrites struct{ Setup, Baseline, Optimizing, After, Total int }
 	// Cycles the operator ran in all.
@@ -73,6 +76,7 @@ func (d *demo) summarize() *Summary {
 	op := d.opAt
 	s.FinalWeights = d.finalView
 	d.mu.Unlock()
+	s.AfterPolicy = d.sidecars[0].Policy()
 	s.SEWrites.Setup = op[markBaselineStart].SEWrites
 	s.SEWrites.Baseline = op[markSwitch].SEWrites - op[markBaselineStart].SEWrites
 	s.SEWrites.Optimizing = op[markAfterStart].SEWrites - op[markSwitch].SEWrites
@@ -114,7 +118,8 @@ func (s *Summary) Print(w io.Writer) {
 	row := func(name, before, after, note string) {
 		fmt.Fprintf(w, "  %-26s %-24s %-24s %s\n", name, before, after, note)
 	}
-	row("", "equal weights (dry run)", "after convergence", "")
+	row("", "before: LEAST_REQUEST", "after convergence", "")
+	row("load balancer", "Istio default, no optimizer", s.AfterPolicy+", optimized weights", "")
 	row("window", fmt.Sprintf("t=%.0f-%.0fs (%.0fs)", b.From, b.To, b.To-b.From), fmt.Sprintf("t=%.0f-%.0fs (%.0fs)", a.From, a.To, a.To-a.From), "")
 	row("requests", fmt.Sprintf("%d (%.0f/s)", b.Lat.N, b.RPS), fmt.Sprintf("%d (%.0f/s)", a.Lat.N, a.RPS), "")
 	row("p50 latency", s.latText(b.Lat.P50), s.latText(a.Lat.P50), ratio(b.Lat.P50, a.Lat.P50))
@@ -145,8 +150,8 @@ func (s *Summary) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  Largest deviation of a final weight from capacity-proportional: %.1f%%.\n", 100*maxDeviation(s.FinalWeights, s.IdealWeights))
 	sw := s.SEWrites
-	fmt.Fprintf(w, "  ServiceEntry writes (optimizer_writes_total): %d at creation, %d during warm-up and baseline (dry run),\n", sw.Setup, sw.Baseline)
-	fmt.Fprintf(w, "    %d while optimizing, %d during the measurement after convergence; %d in %d cycles in all.\n", sw.Optimizing, sw.After, sw.Total, s.Cycles)
+	fmt.Fprintf(w, "  ServiceEntry writes (optimizer_writes_total): %d before the optimizer was applied, %d from its creation to convergence,\n", sw.Setup+sw.Baseline, sw.Optimizing)
+	fmt.Fprintf(w, "    %d during the measurement after convergence; %d in %d cycles in all.\n", sw.After, sw.Total, s.Cycles)
 }
 
 // describe says when the weights settled.
@@ -155,11 +160,8 @@ func (c convergence) describe() string {
 	switch {
 	case c.Writes == 0:
 		when = "the weights did not need to change"
-	case c.Cycles <= 1:
-		when = fmt.Sprintf("the weights were applied %.1fs after dry_run: false (cycle %d), from the capacities the engine had "+
-			"already learned during the dry run", c.Time.Seconds(), c.Cycles)
 	default:
-		when = fmt.Sprintf("the weights were final %d cycles (%.1fs) after dry_run: false", c.Cycles, c.Time.Seconds())
+		when = fmt.Sprintf("the weights and the load balancer were final %d cycles (%.1fs) after the optimizer was applied", c.Cycles, c.Time.Seconds())
 	}
 	return fmt.Sprintf("%s, and unchanged for the %d cycles after", when, convergedAfter)
 }

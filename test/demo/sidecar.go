@@ -16,6 +16,8 @@ import (
 	"time"
 
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/liorfranko/istio-adaptive-least-request/test/edf"
@@ -28,9 +30,10 @@ type endpointWeight struct {
 	Weight  uint32
 }
 
-// weightSource is where a sidecar learns its endpoints and weights.
+// weightSource is where a sidecar learns its endpoints, their weights and
+// the cluster's load-balancing policy ("ROUND_ROBIN" or "LEAST_REQUEST").
 type weightSource interface {
-	Endpoints(ctx context.Context) ([]endpointWeight, error)
+	Endpoints(ctx context.Context) ([]endpointWeight, string, error)
 	Close()
 }
 
@@ -44,17 +47,21 @@ type xdsSource struct {
 	port int
 }
 
-func (s *xdsSource) Endpoints(context.Context) ([]endpointWeight, error) {
+func (s *xdsSource) Endpoints(context.Context) ([]endpointWeight, string, error) {
 	if err := s.x.Err(); err != nil {
-		return nil, fmt.Errorf("xDS stream: %w", err)
+		return nil, "", fmt.Errorf("xDS stream: %w", err)
 	}
 	cluster, err := s.x.RouteCluster(s.host, s.port)
 	if err != nil {
-		return nil, err
+		return nil, "", err
+	}
+	info, err := s.x.Cluster(cluster)
+	if err != nil {
+		return nil, "", err
 	}
 	eps, err := s.x.Endpoints(cluster)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	best := uint32(1 << 31)
 	for _, e := range eps {
@@ -68,38 +75,64 @@ func (s *xdsSource) Endpoints(context.Context) ([]endpointWeight, error) {
 			out = append(out, endpointWeight{Address: e.Address, Weight: e.Weight})
 		}
 	}
-	return out, nil
+	return out, info.LbPolicy, nil
 }
 
 func usable(health string) bool { return health == "HEALTHY" || health == "UNKNOWN" || health == "" }
 
 func (s *xdsSource) Close() { s.x.Close() }
 
-// seSource reads the weights straight from the operator's ServiceEntry,
-// for machines without istiod.
+// seSource reads the weights straight from the operator's ServiceEntry and
+// the policy from its DestinationRule, for machines without istiod. Before
+// the optimizer exists it reads the Service's EndpointSlice: equal weights
+// and Istio's default LEAST_REQUEST, what a sidecar has for a plain Service.
 type seSource struct {
-	c   client.Client
-	key client.ObjectKey
+	c     client.Client
+	key   client.ObjectKey
+	slice client.ObjectKey
 }
 
-func (s *seSource) Endpoints(ctx context.Context) ([]endpointWeight, error) {
+func (s *seSource) Endpoints(ctx context.Context) ([]endpointWeight, string, error) {
 	se := &istionet.ServiceEntry{}
-	if err := s.c.Get(ctx, s.key, se); err != nil {
-		return nil, err
-	}
 	var out []endpointWeight
+	switch err := s.c.Get(ctx, s.key, se); {
+	case apierrors.IsNotFound(err):
+		es := &discoveryv1.EndpointSlice{}
+		if err := s.c.Get(ctx, s.slice, es); err != nil {
+			return nil, "", err
+		}
+		for _, e := range es.Endpoints {
+			if e.Conditions.Ready == nil || *e.Conditions.Ready {
+				out = append(out, endpointWeight{Address: e.Addresses[0], Weight: 1})
+			}
+		}
+		return out, "LEAST_REQUEST", nil
+	case err != nil:
+		return nil, "", err
+	}
 	for _, e := range se.Spec.Endpoints {
 		out = append(out, endpointWeight{Address: e.Address, Weight: e.Weight})
 	}
-	return out, nil
+	policy := "LEAST_REQUEST" // Istio's default without a DestinationRule
+	dr := &istionet.DestinationRule{}
+	if err := s.c.Get(ctx, s.key, dr); err == nil {
+		if p := dr.Spec.GetTrafficPolicy().GetLoadBalancer().GetSimple().String(); p == "ROUND_ROBIN" {
+			policy = p
+		}
+	}
+	return out, policy, nil
 }
 
 func (s *seSource) Close() {}
 
 // sidecar is one load generator acting as a client's sidecar: Poisson
-// arrivals at its own rate, each request sent to the pod Envoy's weighted
-// ROUND_ROBIN (an EDF schedule over the weights this sidecar currently has)
-// picks, over a connection pool of its own, with a timeout. It polls its
+// arrivals at its own rate, each request sent to the pod Envoy's load
+// balancer picks for the cluster's policy, over a connection pool of its
+// own, with a timeout. ROUND_ROBIN: an EDF schedule over the weights this
+// sidecar currently has. LEAST_REQUEST: with equal weights, the less busy of
+// two random hosts (power of two choices on this sidecar's own requests in
+// flight); with unequal weights, the EDF schedule re-adding the picked host
+// at weight/(active+1), as Envoy does. It polls its
 // weight source every 500 ms and, like Envoy, rebuilds its schedule at a
 // random offset when the host set or a weight changes.
 type sidecar struct {
@@ -118,6 +151,9 @@ type sidecar struct {
 	weights []float64  // weight per scheduler host
 	byPod   []uint32   // weight per pod index (0: not an endpoint)
 	key     string
+	policy  string // "ROUND_ROBIN" or "LEAST_REQUEST"
+	equal   bool   // every weight the same
+	active  []int  // requests in flight per pod index, under mu
 	sched   edf.Scheduler
 	synced  bool
 	lastErr error
@@ -140,13 +176,14 @@ func newSidecar(id int, rate float64, src weightSource, byAddr map[string]int, p
 		rng:     rand.New(rand.NewPCG(seed, uint64(id))),
 		offsets: rand.New(rand.NewPCG(seed+1, uint64(id))),
 		byPod:   make([]uint32, len(pods)),
+		active:  make([]int, len(pods)),
 	}
 }
 
 // refresh reads the weight source and rebuilds the schedule on a change.
 func (s *sidecar) refresh(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	eps, err := s.src.Endpoints(rctx)
+	eps, policy, err := s.src.Endpoints(rctx)
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -177,10 +214,12 @@ func (s *sidecar) refresh(ctx context.Context) {
 		byPod[i] = w
 		key.WriteString(e.Address + "=" + strconv.FormatUint(uint64(w), 10) + ",")
 	}
+	key.WriteString(policy)
 	if len(hosts) == 0 || key.String() == s.key {
 		return
 	}
-	s.key, s.hosts, s.weights, s.byPod = key.String(), hosts, weights, byPod
+	s.key, s.hosts, s.weights, s.byPod, s.policy = key.String(), hosts, weights, byPod, policy
+	s.equal = !slices.ContainsFunc(weights, func(w float64) bool { return w != weights[0] })
 	// Envoy rebuilds the EDF schedule: hosts added in order at 1/weight,
 	// then a random number of picks thrown away so that sidecars do not
 	// move in lock step. (With equal weights Envoy's unweighted round robin
@@ -189,7 +228,7 @@ func (s *sidecar) refresh(ctx context.Context) {
 	for h := range order {
 		order[h] = int32(h)
 	}
-	s.sched.Rebuild(order, func(h int32) float64 { return weights[h] }, s.offsets.IntN(len(hosts)))
+	s.sched.Rebuild(order, s.effectiveWeight, s.offsets.IntN(len(hosts)))
 	s.synced = true
 }
 
@@ -214,10 +253,52 @@ func (s *sidecar) LastErr() error {
 	return s.lastErr
 }
 
+// effectiveWeight is what the EDF schedule uses for scheduler host h:
+// the weight, divided by (requests in flight + 1) under LEAST_REQUEST.
+// Called under mu.
+func (s *sidecar) effectiveWeight(h int32) float64 {
+	if s.policy == "LEAST_REQUEST" {
+		return s.weights[h] / float64(s.active[s.hosts[h]]+1)
+	}
+	return s.weights[h]
+}
+
+// Policy is the load-balancing policy the sidecar uses now.
+func (s *sidecar) Policy() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.policy
+}
+
+// pick chooses the pod of the next request and counts it in flight; done
+// must be called when it completes.
 func (s *sidecar) pick() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.hosts[s.sched.Pick(s.weights)]
+	var pod int
+	switch {
+	case s.policy == "LEAST_REQUEST" && s.equal:
+		a, b := s.hosts[s.offsets.IntN(len(s.hosts))], s.hosts[s.offsets.IntN(len(s.hosts))]
+		pod = a
+		if s.active[b] < s.active[a] {
+			pod = b
+		}
+	case s.policy == "LEAST_REQUEST":
+		// Re-added with the count seen at pick time, before this request.
+		h := s.sched.Top()
+		s.sched.Readd(s.effectiveWeight(h))
+		pod = s.hosts[h]
+	default:
+		pod = s.hosts[s.sched.Pick(s.weights)]
+	}
+	s.active[pod]++
+	return pod
+}
+
+func (s *sidecar) done(pod int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active[pod]--
 }
 
 // pollWeights refreshes every 500 ms until ctx is done.
@@ -266,6 +347,7 @@ func (s *sidecar) generate(stop <-chan struct{}, abort context.Context) {
 
 func (s *sidecar) send(ctx context.Context, pod int) {
 	defer s.inflight.Done()
+	defer s.done(pod)
 	start := time.Now()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.pods[pod].addr+"/work", nil)
 	if err != nil {

@@ -43,7 +43,7 @@ func (d *demo) picture(s *Summary) picture {
 	d.mu.Unlock()
 	p := picture{
 		Title: fmt.Sprintf("Istio adaptive weight optimizer: local demo (%s)", s.Scenario),
-		Subtitle: fmt.Sprintf("p99 %s with equal weights -> %s after convergence; utilisation max/min %.2f -> %.2f; %d sidecars, weights from %s",
+		Subtitle: fmt.Sprintf("p99 %s with Istio's LEAST_REQUEST -> %s after convergence; utilisation max/min %.2f -> %.2f; %d sidecars, weights from %s",
 			fmtLat(s.Before.Lat.P99), fmtLat(s.After.Lat.P99), s.Before.UtilMaxMin, s.After.UtilMaxMin, s.Sidecars,
 			map[bool]string{true: "istiod (xDS)", false: "the ServiceEntry"}[s.Istiod]),
 		Fleet: d.fleet, Ideal: s.IdealWeights, Timeout: d.cfg.Timeout.Duration.Seconds(), Marks: marks,
@@ -309,7 +309,7 @@ func phaseBands(b *strings.Builder, a axes, m map[string]float64, labels bool) {
 			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="11" fill="#333">%s</text>`+"\n", (a.X(from)+a.X(to))/2, a.y-6, esc(label))
 		}
 	}
-	band(m[markBaselineStart], m[markBaselineEnd], "#eeeeee", "baseline: equal weights (dry run)")
+	band(m[markBaselineStart], m[markBaselineEnd], "#eeeeee", "before: Istio's LEAST_REQUEST, no optimizer")
 	band(m[markAfterStart], m[markAfterEnd], "#e5f5e0", "after convergence")
 	vline := func(t float64, label string) {
 		if t <= 0 {
@@ -322,7 +322,7 @@ func phaseBands(b *strings.Builder, a axes, m map[string]float64, labels bool) {
 				x+11, a.y+4, x+11, a.y+4, esc(label))
 		}
 	}
-	vline(m[markSwitch], "dry_run: false")
+	vline(m[markSwitch], "optimizer applied")
 	vline(m[markConverged], "converged")
 }
 

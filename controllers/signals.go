@@ -1,0 +1,87 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/textutil"
+)
+
+// Signals says which signals one weight cycle had data for. Request rates
+// are what lets the engine learn capacity within a few cycles and see a
+// backlog; without them it runs on CPU alone, which the optimizer must say
+// (Degraded/CPUOnly and optimizer_signal_available) rather than hide.
+type Signals struct {
+	CPU, Requests, Latency bool
+	// RequestsDisabled and LatencyDisabled: the query is "-".
+	RequestsDisabled, LatencyDisabled bool
+}
+
+func signalsOf(s Settings, cpu bool, requests, latency promsource.Result) Signals {
+	return Signals{
+		CPU:              cpu,
+		Requests:         len(requests.Values) > 0,
+		Latency:          len(latency.Values) > 0,
+		RequestsDisabled: s.RequestQuery == "",
+		LatencyDisabled:  s.LatencyQuery == "",
+	}
+}
+
+// optionalSignal runs the query of a signal the engine can do without. A
+// failed or empty answer leaves every pod without that signal this cycle
+// (an empty Result); it is counted and logged, and the cycle goes on. An
+// empty template means the signal is disabled.
+func (l *WeightLoop) optionalSignal(ctx context.Context, logger logr.Logger, tgt target, signal, tmpl string, qt promsource.Target, now time.Time) promsource.Result {
+	if tmpl == "" {
+		return promsource.Result{}
+	}
+	res, err := l.Source.Query(ctx, tmpl, qt, now)
+	if err == nil {
+		return res
+	}
+	var empty *promsource.EmptyResultError
+	if errors.As(err, &empty) {
+		// The backend answered with nothing for these pods: status and
+		// optimizer_signal_available say so; no error to count.
+		return promsource.Result{Query: res.Query}
+	}
+	l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, signal, queryErrorReason(err)).Inc()
+	logger.Info("Query of an optional signal failed; the cycle goes on without it", "signal", signal, "error", textutil.Printable(err.Error(), textutil.LogLimit))
+	return promsource.Result{Query: res.Query}
+}
+
+// noteSignals records which signals the last cycle had, and returns them.
+func (b *WeightBook) noteSignals(key types.NamespacedName, s Signals) Signals {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e := b.entries[key]; e != nil && e.outcome != nil {
+		e.outcome.Signals = s
+	}
+	return s
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// cpuOnlyReason explains, for Degraded, why the last cycle's weights rest on CPU
+// alone, or returns "" when request rates were there (or CPU was not either,
+// which other reasons report).
+func cpuOnlyReason(s Signals) string {
+	switch {
+	case !s.CPU || s.Requests:
+		return ""
+	case s.RequestsDisabled:
+		return "request_query is \"-\": weights rest on CPU alone, which takes more cycles to learn capacity and cannot see a pod's backlog"
+	}
+	return "The request-rate query returned no data for the pods: weights rest on CPU alone, which takes more cycles to learn capacity and cannot see a pod's backlog. " +
+		"Check request_query and that Prometheus scrapes the sidecars' istio_requests_total with a pod label"
+}

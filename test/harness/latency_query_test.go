@@ -1,0 +1,118 @@
+package harness_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
+)
+
+// sidecarHistograms serves Istio's istio_request_duration_milliseconds the
+// way sidecars expose it, for several pods on one endpoint (the pod and
+// namespace labels in the exposition stand for the scrape target's): each
+// series gets rps observations per second of a fixed duration.
+type sidecarHistograms struct {
+	hist *prometheus.HistogramVec
+	reg  *prometheus.Registry
+}
+
+type sidecarSeries struct {
+	reporter, pod, namespace string
+	rps, millis              float64
+}
+
+func newSidecarHistograms() *sidecarHistograms {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "istio_request_duration_milliseconds",
+		Help: "Duration of requests (as Istio's sidecar reports it).",
+		// Istio's default buckets.
+		Buckets: []float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 600000, 1800000, 3600000},
+	}, []string{"reporter", "pod", "namespace", "destination_workload_namespace", "destination_workload", "response_code"})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(h)
+	return &sidecarHistograms{hist: h, reg: reg}
+}
+
+// run observes every series at its rate until ctx ends.
+func (s *sidecarHistograms) run(ctx context.Context, series []sidecarSeries) {
+	const tick = 50 * time.Millisecond
+	owed := make([]float64, len(series))
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for i, sr := range series {
+			o := s.hist.WithLabelValues(sr.reporter, sr.pod, sr.namespace, sr.namespace, "web", "200")
+			owed[i] += sr.rps * tick.Seconds()
+			for ; owed[i] >= 1; owed[i]-- {
+				o.Observe(sr.millis)
+			}
+		}
+	}
+}
+
+// TestLatencyQueryWithRealPrometheus runs DefaultLatencyQuery through a real
+// Prometheus scraping sidecar histograms: each of the Service's pods gets
+// its own mean request duration in seconds; series of the client side
+// (reporter="source"), of a same-named pod in another namespace and of a
+// regex look-alike are not mixed in; a pod that served nothing in the
+// window is absent rather than NaN.
+func TestLatencyQueryWithRealPrometheus(t *testing.T) {
+	h := newSidecarHistograms()
+	series := []sidecarSeries{
+		{"destination", "web-0", "shop", 100, 20},  // 20 ms
+		{"destination", "web.1", "shop", 40, 80},   // 80 ms
+		{"source", "web-0", "shop", 100, 900},      // the client's view of another call
+		{"destination", "web-0", "other", 50, 700}, // same name, other namespace
+		{"destination", "webx1", "shop", 50, 500},  // matched only by an unescaped regex
+	}
+	// web-2 exists but serves nothing.
+	h.hist.WithLabelValues("destination", "web-2", "shop", "shop", "web", "200")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = srv.Serve(ln) }()
+	go func() { defer wg.Done(); h.run(ctx, series) }()
+	t.Cleanup(func() { cancel(); _ = srv.Close(); wg.Wait() })
+
+	addr := ln.Addr().String()
+	prom := harness.MustStartPrometheus(t, harness.PrometheusOptions{Targets: []string{addr}, ScrapeInterval: time.Second})
+	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer wcancel()
+	if err := prom.WaitForTargets(wctx, []string{addr}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := promsource.New(promsource.Config{URL: prom.URL, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	target := promsource.Target{Namespace: "shop", Service: "web", Pods: []string{"web-0", "web.1", "web-2"}, Window: 10 * time.Second}
+	time.Sleep(target.Window + 2*time.Second)
+
+	// A ratio of two rates over the same window: exact whatever the
+	// extrapolation, so a tight tolerance.
+	res := checkValues(t, src, promsource.DefaultLatencyQuery, target, map[string]float64{"web-0": 0.020, "web.1": 0.080}, 0.01)
+	if len(res.Missing) != 1 || res.Missing[0] != "web-2" {
+		t.Errorf("missing %v, want [web-2] (it served nothing)", res.Missing)
+	}
+	t.Logf("latency (s): %v, missing %v, via %s", res.Values, res.Missing, res.Query)
+}
