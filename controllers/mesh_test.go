@@ -73,6 +73,8 @@ func TestUserDestinationRuleWatched(t *testing.T) {
 	dr := &istionet.DestinationRule{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-policy"}}
 	dr.Spec.Host = "web"
 	dr.Spec.TrafficPolicy = &networking.TrafficPolicy{ConnectionPool: &networking.ConnectionPoolSettings{Tcp: &networking.ConnectionPoolSettings_TCPSettings{MaxConnections: 5}}}
+	// No metrics backend here, so the weights are never learned and the
+	// operator keeps LEAST_REQUEST: the user's load balancer is not carried.
 	mustCreate(t, dr)
 	eventually(t, 10*time.Second, "the user's pool on the owned DestinationRule", func() error {
 		owned := &istionet.DestinationRule{}
@@ -80,7 +82,7 @@ func TestUserDestinationRuleWatched(t *testing.T) {
 			return err
 		}
 		tp := owned.Spec.GetTrafficPolicy()
-		if tp.GetConnectionPool().GetTcp().GetMaxConnections() != 5 || tp.GetLoadBalancer().GetSimple() != networking.LoadBalancerSettings_ROUND_ROBIN {
+		if tp.GetConnectionPool().GetTcp().GetMaxConnections() != 5 || tp.GetLoadBalancer().GetSimple() != networking.LoadBalancerSettings_LEAST_REQUEST {
 			return fmt.Errorf("owned traffic policy %v", tp)
 		}
 		return nil

@@ -248,6 +248,9 @@ type EndpointWeight struct {
 	Pod      string `json:"pod"`
 	Address  string `json:"address"`
 	Locality string `json:"locality,omitempty"`
+	// weight is the endpoint's weight, an Envoy uint32 (format int64: the
+	// API server refuses a maximum above 2^31-1 under format int32).
+	// +kubebuilder:validation:Format=int64
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=4294967295
 	Weight uint32 `json:"weight"`
