@@ -280,16 +280,7 @@ func waitCondition(t *testing.T, c client.Client, ns, name, typ, reason string) 
 // test ends, and prints its log if the test failed.
 func startManager(t *testing.T, api *harness.APIServer, args ...string) (metricsAddr, probeAddr string, proc *os.Process) {
 	t.Helper()
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "manager")
-	build := exec.Command("go", "build", "-o", bin, "./cmd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build manager: %v\n%s", err, out)
-	}
+	bin := harness.BuildBinary(t, "./cmd")
 	metricsAddr, probeAddr = freePort(t), freePort(t)
 	cmd := exec.Command(bin, append([]string{
 		"--kubeconfig", api.Kubeconfig,

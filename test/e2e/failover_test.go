@@ -49,16 +49,7 @@ func TestLeaderFailover(t *testing.T) {
 		t.Fatalf("start API server: %v", err)
 	}
 	defer api.Stop()
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "manager")
-	build := exec.Command("go", "build", "-o", bin, "./cmd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build manager: %v\n%s", err, out)
-	}
+	bin := harness.BuildBinary(t, "./cmd")
 
 	c, err := client.New(api.Config, client.Options{Scheme: harness.Scheme()})
 	if err != nil {

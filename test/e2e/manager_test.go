@@ -40,16 +40,7 @@ func TestManagerBinaryAgainstKubeconfig(t *testing.T) {
 	}
 	defer api.Stop()
 
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "manager")
-	build := exec.Command("go", "build", "-o", bin, "./cmd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build manager: %v\n%s", err, out)
-	}
+	bin := harness.BuildBinary(t, "./cmd")
 
 	metricsAddr, probeAddr := freePort(t), freePort(t)
 	// KUBECONFIG (not --kubeconfig) to prove the environment variable works;

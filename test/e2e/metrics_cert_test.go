@@ -46,16 +46,7 @@ func TestMetricsServedWithProvidedCertificate(t *testing.T) {
 		t.Fatalf("start API server: %v", err)
 	}
 	defer api.Stop()
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "manager")
-	build := exec.Command("go", "build", "-o", bin, "./cmd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build manager: %v\n%s", err, out)
-	}
+	bin := harness.BuildBinary(t, "./cmd")
 
 	const serverName = "istio-adaptive-controller-manager-metrics-service.istio-adaptive-system.svc"
 	certDir := t.TempDir()
@@ -95,6 +86,10 @@ func TestMetricsServedWithProvidedCertificate(t *testing.T) {
 	}()
 
 	c, err := client.New(api.Config, client.Options{Scheme: harness.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := harness.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

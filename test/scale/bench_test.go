@@ -14,7 +14,7 @@ func BenchmarkReconcile4000(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		r := desired.Compute(in)
-		if !desired.UpToDate(r.ServiceEntry, live.ServiceEntry, &r.ServiceEntry.Spec, &live.ServiceEntry.Spec) {
+		if !desired.UpToDate("istio-adaptive-optimizer", r.ServiceEntry, live.ServiceEntry, &r.ServiceEntry.Spec, &live.ServiceEntry.Spec) {
 			b.Fatal("not up to date")
 		}
 	}

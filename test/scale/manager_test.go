@@ -107,16 +107,7 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	}
 	t.Logf("created %d optimizers x %d pods in %v", optimizers, pods, time.Since(start).Round(time.Second))
 
-	root, err := harness.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "manager")
-	build := exec.Command("go", "build", "-o", bin, "./cmd")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build manager: %v\n%s", err, out)
-	}
+	bin := harness.BuildBinary(t, "./cmd")
 	backend := httptest.NewServer(cpuBackend())
 	defer backend.Close()
 	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)

@@ -89,7 +89,7 @@ func measure(t *testing.T, inputs []desired.Input, runs int) figures {
 		start := time.Now()
 		for i, in := range inputs {
 			r := desired.Compute(in)
-			if !desired.UpToDate(r.ServiceEntry, live[i].ServiceEntry, &r.ServiceEntry.Spec, &live[i].ServiceEntry.Spec) {
+			if !desired.UpToDate("istio-adaptive-optimizer", r.ServiceEntry, live[i].ServiceEntry, &r.ServiceEntry.Spec, &live[i].ServiceEntry.Spec) {
 				t.Fatal("an unchanged Service is not up to date")
 			}
 		}
