@@ -205,6 +205,7 @@ func TestCarryUserDestinationRule(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			in := webInput()
+			in.WeightsLearned = true // the operator's ROUND_ROBIN is in force
 			in.Optimizer.Spec.LocalityEnabled = tc.locality
 			in.Mesh.DestinationRules = tc.drs
 			if tc.exportTo != "" {

@@ -428,7 +428,9 @@ func TestUserDestinationRuleCarried(t *testing.T) {
 	dr := &istionet.DestinationRule{ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: "web-policy"}}
 	dr.Spec.Host = serviceName
 	dr.Spec.TrafficPolicy = &networking.TrafficPolicy{
-		Tls: &networking.ClientTLSSettings{Mode: networking.ClientTLSSettings_SIMPLE, Sni: "web.example.internal"},
+		// The user's load balancer is the one thing not carried.
+		LoadBalancer: &networking.LoadBalancerSettings{LbPolicy: &networking.LoadBalancerSettings_Simple{Simple: networking.LoadBalancerSettings_RANDOM}},
+		Tls:          &networking.ClientTLSSettings{Mode: networking.ClientTLSSettings_SIMPLE, Sni: "web.example.internal"},
 		ConnectionPool: &networking.ConnectionPoolSettings{
 			Tcp:  &networking.ConnectionPoolSettings_TCPSettings{MaxConnections: 7, ConnectTimeout: durationpb.New(3 * time.Second)},
 			Http: &networking.ConnectionPoolSettings_HTTPSettings{Http1MaxPendingRequests: 11},
@@ -464,8 +466,10 @@ func TestUserDestinationRuleCarried(t *testing.T) {
 	s.optIn(t)
 	waitFor(t, x, propagation, "after: route to the optimized host", reaches(s.host(), 80, opt))
 	d := waitFor(t, x, propagation, "after: the user's policy on the optimized cluster", policy(opt, 7))
-	if info, _ := x.Cluster(opt); info.LbPolicy != "ROUND_ROBIN" {
-		t.Errorf("optimized cluster lb %s, want the operator's ROUND_ROBIN", info.LbPolicy)
+	// No metrics for this Service, so no weights are learned and the
+	// operator's policy is still Istio's LEAST_REQUEST: not the user's RANDOM.
+	if info, _ := x.Cluster(opt); info.LbPolicy != "LEAST_REQUEST" {
+		t.Errorf("optimized cluster lb %s, want the operator's LEAST_REQUEST, not the user's RANDOM", info.LbPolicy)
 	}
 	t.Logf("user DestinationRule carried to %s after %s", opt, d.Round(time.Millisecond))
 
