@@ -175,6 +175,7 @@ var flagsWithoutValue = map[string]string{
 	"zap-devel":            "development logging; extraArgs",
 	"zap-stacktrace-level": "extraArgs",
 	"zap-time-encoding":    "extraArgs",
+	"deny-cross-namespace": "deprecated; tenancy.allowCrossNamespace replaces it",
 }
 
 // TestChartCoversManagerFlags lists the manager binary's flags and fails when
