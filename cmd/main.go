@@ -47,6 +47,7 @@ type options struct {
 	metricsCertName   string
 	metricsCertKey    string
 	probeAddr         string
+	pprofAddr         string
 	leaderElect       bool
 	leaderElectionNS  string
 	watchNamespaces   string
@@ -79,6 +80,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error)
 	fs.StringVar(&o.metricsCertName, "metrics-cert-name", "tls.crt", "File name of the metrics certificate in --metrics-cert-path.")
 	fs.StringVar(&o.metricsCertKey, "metrics-cert-key", "tls.key", "File name of the metrics key in --metrics-cert-path.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the health and readiness probes.")
+	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "Address of Go's pprof endpoints (/debug/pprof/), for profiling memory or CPU; empty or 0 disables them. Unauthenticated: bind it to localhost.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader so that only one replica writes (outside a cluster give --leader-election-namespace, or --leader-elect=false for a single local run).")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader election lease (default: the manager's own).")
 	fs.StringVar(&o.watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches the whole cluster.")
@@ -166,6 +168,7 @@ func run() error {
 		Scheme:                        scheme,
 		Metrics:                       metricsOpts,
 		HealthProbeBindAddress:        o.probeAddr,
+		PprofBindAddress:              o.pprofAddr,
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              "istio-adaptive-optimizer.optimization.liorfranko.github.io",
 		LeaderElectionNamespace:       o.leaderElectionNS,

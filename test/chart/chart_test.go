@@ -176,6 +176,7 @@ var flagsWithoutValue = map[string]string{
 	"zap-stacktrace-level": "extraArgs",
 	"zap-time-encoding":    "extraArgs",
 	"deny-cross-namespace": "deprecated; tenancy.allowCrossNamespace replaces it",
+	"pprof-bind-address":   "profiling while debugging; extraArgs",
 }
 
 // TestChartCoversManagerFlags lists the manager binary's flags and fails when

@@ -116,6 +116,13 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	cmd := exec.Command(bin, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address", probeAddr, "--prometheus-url", backend.URL,
 		"--default-request-query", "-")
+	// SCALE_PROFILE_DIR: also save the manager's heap profile there, to
+	// read with `go tool pprof`.
+	profileDir, pprofAddr := os.Getenv("SCALE_PROFILE_DIR"), ""
+	if profileDir != "" {
+		pprofAddr = freeAddr(t)
+		cmd.Args = append(cmd.Args, "--pprof-bind-address", pprofAddr)
+	}
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+api.Kubeconfig)
 	// MANAGER_GOMEMLIMIT reaches the manager only (the API server and etcd
 	// do not start under a manager-sized limit).
@@ -164,6 +171,9 @@ func TestManagerMemoryAtScale(t *testing.T) {
 		return nil
 	})
 	text := scrape(t, metricsAddr)
+	if profileDir != "" {
+		saveHeapProfile(t, pprofAddr, filepath.Join(profileDir, "heap.pprof"))
+	}
 	rss := sumMetric(text, "process_resident_memory_bytes")
 	if rss == 0 {
 		rss = residentBytes(cmd.Process.Pid)
@@ -179,6 +189,27 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	if errs := sumMetric(text, "optimizer_query_errors_total"); errs > 0 {
 		t.Errorf("%v query errors against a backend that answers for every pod", errs)
 	}
+}
+
+// saveHeapProfile writes the manager's heap profile (after a garbage
+// collection) to path.
+func saveHeapProfile(t *testing.T, addr, path string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		t.Errorf("heap profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(path, b, 0o644)
+	}
+	if err != nil {
+		t.Errorf("heap profile: %v", err)
+		return
+	}
+	t.Logf("heap profile: go tool pprof -sample_index=inuse_space %s", path)
 }
 
 func freeAddr(t *testing.T) string {
