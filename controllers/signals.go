@@ -41,7 +41,8 @@ func (l *WeightLoop) optionalSignal(ctx context.Context, logger logr.Logger, tgt
 		return promsource.Result{}
 	}
 	res, err := l.Source.Query(ctx, tmpl, qt, now)
-	if err == nil {
+	if err == nil || ctx.Err() != nil {
+		// Stopped mid-query: the cycle ends without counting (see cycle).
 		return res
 	}
 	var empty *promsource.EmptyResultError

@@ -173,6 +173,12 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(pods))}
 
 	cpu, err := l.Source.Query(ctx, s.CPUQuery, qt, now)
+	if ctx.Err() != nil {
+		// Stopped (the optimizer was deleted or the manager is stopping):
+		// nothing to count, and a series written now would outlive the
+		// deletion's ForgetOptimizer.
+		return
+	}
 	l.Metrics.QueryLatency.WithLabelValues(tgt.service, tgt.namespace).Set(cpu.Latency.Seconds())
 	var emptyCPU *promsource.EmptyResultError
 	if errors.As(err, &emptyCPU) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -174,5 +175,33 @@ func TestEmptyAnswerIsNoDataNotAnOutage(t *testing.T) {
 	out := book.Outcome(key)
 	if out == nil || out.Result.Mode != weights.ModeNoData {
 		t.Fatalf("outcome %+v, want mode NoData", out)
+	}
+}
+
+// TestCycleEndedByDeletionCountsNoError: a cycle whose query is cut short
+// because the optimizer was deleted (its worker's context cancelled) must
+// not count an error: the series would outlive ForgetOptimizer, which the
+// deletion already ran.
+func TestCycleEndedByDeletionCountsNoError(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	book := NewWeightBook()
+	defaults := DefaultEngineDefaults()
+	key := types.NamespacedName{Namespace: "ns", Name: "slow"}
+	book.Applied(key, defaults.Params, clk.Now(), []desired.Endpoint{{Pod: "slow-0", Address: "198.18.0.1", Weight: 1000}})
+	m := metrics.New()
+	loop := &WeightLoop{Source: &stallingSource{queried: make(chan string, 1)}, Book: book, Clock: clk, Metrics: m,
+		Wake: make(chan event.GenericEvent, 1)}
+	settings, err := settingsFor(optimizerFor("ns", "slow"), defaults)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // deleted while the query was in flight
+	loop.cycle(ctx, logr.Discard(), key, target{namespace: "ns", service: "slow"}, settings)
+	if n := testutil.CollectAndCount(m.ReconcilerErrors); n != 0 {
+		t.Errorf("%d reconciler_errors series after a cycle ended by deletion, want 0", n)
+	}
+	if n := testutil.CollectAndCount(m.QueryErrors); n != 0 {
+		t.Errorf("%d query error series after a cycle ended by deletion, want 0", n)
 	}
 }
