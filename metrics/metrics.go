@@ -5,20 +5,18 @@
 package metrics
 
 import (
-	"sync"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Metrics holds the operator's series. Create one with New and register it.
 type Metrics struct {
-	EndpointWeight   *prometheus.GaugeVec
+	EndpointWeight   prometheus.Collector
 	ReconcilerErrors *prometheus.CounterVec
 	QueryLatency     *prometheus.GaugeVec
 	QueryErrors      *prometheus.CounterVec
-	PodCPU           *prometheus.GaugeVec
-	PodRequestRate   *prometheus.GaugeVec
-	PodCapacity      *prometheus.GaugeVec
+	PodCPU           prometheus.Collector
+	PodRequestRate   prometheus.Collector
+	PodCapacity      prometheus.Collector
 	Cycles           *prometheus.CounterVec
 	Writes           *prometheus.CounterVec
 	Fallbacks        *prometheus.CounterVec
@@ -29,10 +27,8 @@ type Metrics struct {
 	WatchErrors      *prometheus.CounterVec
 	SignalAvailable  *prometheus.GaugeVec
 
-	mu sync.Mutex
-	// pods remembers, per service, which pod series exist so the series of a
-	// pod that is gone can be deleted instead of left stale.
-	pods map[serviceKey]map[podKey]struct{}
+	// pods holds the per-pod series (see podseries.go).
+	pods *podStore
 }
 
 type serviceKey struct{ namespace, name string }
@@ -42,15 +38,18 @@ type podKey struct{ pod, ip, locality string }
 var (
 	serviceLabels = []string{"service_namespace", "service_name"}
 	podLabels     = []string{"service_namespace", "service_name", "pod", "pod_ip", "locality"}
+	// endpointLabels are endpoint_weight's, part of the user's contract.
+	endpointLabels = []string{"service_namespace", "service_name", "pod_ip", "locality"}
 )
 
 // New creates the series (unregistered).
 func New() *Metrics {
+	pods := &podStore{services: map[serviceKey][]podRecord{}}
 	return &Metrics{
-		EndpointWeight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "endpoint_weight",
-			Help: "Weight of a ServiceEntry endpoint as computed by the optimizer (applied unless dry run).",
-		}, []string{"service_namespace", "service_name", "pod_ip", "locality"}),
+		pods: pods,
+		EndpointWeight: newPodFamily(pods, "endpoint_weight",
+			"Weight of a ServiceEntry endpoint as computed by the optimizer (applied unless dry run).",
+			true, func(r *podRecord) float64 { return float64(r.weight) }),
 		ReconcilerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reconciler_errors",
 			Help: "Errors in the reconcilers, by controller and error type.",
@@ -63,18 +62,15 @@ func New() *Metrics {
 			Name: "optimizer_query_errors_total",
 			Help: "Failed metrics queries, by kind of failure.",
 		}, append(append([]string{}, serviceLabels...), "signal", "reason")),
-		PodCPU: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "optimizer_pod_cpu_cores",
-			Help: "CPU cores each pod used over the query window, as the metrics backend reported.",
-		}, podLabels),
-		PodRequestRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "optimizer_pod_request_rate",
-			Help: "Requests per second each pod served over the query window.",
-		}, podLabels),
-		PodCapacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "optimizer_pod_capacity_estimate",
-			Help: "Relative capacity estimate of each pod (mean 1).",
-		}, podLabels),
+		PodCPU: newPodFamily(pods, "optimizer_pod_cpu_cores",
+			"CPU cores each pod used over the query window, as the metrics backend reported.",
+			false, func(r *podRecord) float64 { return r.cpu }),
+		PodRequestRate: newPodFamily(pods, "optimizer_pod_request_rate",
+			"Requests per second each pod served over the query window.",
+			false, func(r *podRecord) float64 { return r.rate }),
+		PodCapacity: newPodFamily(pods, "optimizer_pod_capacity_estimate",
+			"Relative capacity estimate of each pod (mean 1).",
+			false, func(r *podRecord) float64 { return r.capacity }),
 		Cycles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "optimizer_cycles_total",
 			Help: "Weight optimization cycles run, by outcome mode.",
@@ -111,7 +107,6 @@ func New() *Metrics {
 			Name: "optimizer_signal_available",
 			Help: "1 when the last weight cycle had data for a signal (cpu, requests, latency), 0 when it was disabled or had none; requests 0 means the weights rest on CPU alone.",
 		}, append(append([]string{}, serviceLabels...), "signal")),
-		pods: map[serviceKey]map[podKey]struct{}{},
 	}
 }
 
@@ -165,45 +160,7 @@ type PodSample struct {
 // SetPods publishes the per-pod series of a service and deletes the series
 // of pods that are no longer in the set.
 func (m *Metrics) SetPods(namespace, service string, pods []PodSample) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sk := serviceKey{namespace, service}
-	now := map[podKey]struct{}{}
-	for _, p := range pods {
-		now[podKey{p.Pod, p.IP, p.Locality}] = struct{}{}
-	}
-	// Gone pods first: a new pod may have taken a gone pod's IP, and its
-	// endpoint_weight series has the same labels.
-	for k := range m.pods[sk] {
-		if _, ok := now[k]; !ok {
-			m.deletePod(namespace, service, k)
-		}
-	}
-	for _, p := range pods {
-		k := podKey{p.Pod, p.IP, p.Locality}
-		m.EndpointWeight.WithLabelValues(namespace, service, p.IP, p.Locality).Set(float64(p.Weight))
-		if p.Signals {
-			setOpt(m.PodCPU, p.CPU, namespace, service, k)
-			setOpt(m.PodRequestRate, p.RequestRate, namespace, service, k)
-			setOpt(m.PodCapacity, p.Capacity, namespace, service, k)
-		}
-	}
-	m.pods[sk] = now
-}
-
-func setOpt(g *prometheus.GaugeVec, v *float64, ns, svc string, k podKey) {
-	if v == nil {
-		g.DeleteLabelValues(ns, svc, k.pod, k.ip, k.locality)
-		return
-	}
-	g.WithLabelValues(ns, svc, k.pod, k.ip, k.locality).Set(*v)
-}
-
-func (m *Metrics) deletePod(ns, svc string, k podKey) {
-	m.EndpointWeight.DeleteLabelValues(ns, svc, k.ip, k.locality)
-	for _, g := range []*prometheus.GaugeVec{m.PodCPU, m.PodRequestRate, m.PodCapacity} {
-		g.DeleteLabelValues(ns, svc, k.pod, k.ip, k.locality)
-	}
+	m.pods.set(serviceKey{namespace, service}, pods)
 }
 
 // SetMode publishes the engine's mode as a one-hot gauge.
@@ -214,13 +171,11 @@ func (m *Metrics) SetMode(namespace, service, mode string) {
 
 // ForgetService deletes every series of a service whose optimizer is gone.
 func (m *Metrics) ForgetService(namespace, service string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.pods, serviceKey{namespace, service})
+	m.pods.forget(serviceKey{namespace, service})
 	svc := prometheus.Labels{"service_namespace": namespace, "service_name": service}
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{m.EndpointWeight, m.QueryLatency, m.QueryErrors, m.PodCPU, m.PodRequestRate, m.PodCapacity,
+	}{m.QueryLatency, m.QueryErrors,
 		m.Cycles, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints, m.SignalAvailable} {
 		v.DeletePartialMatch(svc)
 	}

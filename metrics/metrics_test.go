@@ -73,7 +73,7 @@ func TestContractNames(t *testing.T) {
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	m.EndpointWeight.WithLabelValues("ns", "svc", "ip", "loc").Set(1)
+	m.SetPods("ns", "svc", []PodSample{{Pod: "p", IP: "ip", Locality: "loc", Weight: 1}})
 	m.ReconcileError("optimizer.mirror", "conflict", "o", "ns")
 	m.QueryLatency.WithLabelValues("svc", "ns").Set(1)
 	mfs, err := reg.Gather()
@@ -123,10 +123,42 @@ func TestSetPodsReusedIPKeepsTheNewPodsSeries(t *testing.T) {
 	m := New()
 	m.SetPods("shop", "cart", []PodSample{{Pod: "a", IP: "198.18.0.1", Locality: "r/z", Weight: 900}})
 	m.SetPods("shop", "cart", []PodSample{{Pod: "b", IP: "198.18.0.1", Locality: "r/z", Weight: 1100}})
-	if got := testutil.ToFloat64(m.EndpointWeight.WithLabelValues("shop", "cart", "198.18.0.1", "r/z")); got != 1100 {
-		t.Errorf("endpoint_weight of the new pod = %v, want 1100", got)
+	want := `
+# HELP endpoint_weight Weight of a ServiceEntry endpoint as computed by the optimizer (applied unless dry run).
+# TYPE endpoint_weight gauge
+endpoint_weight{locality="r/z",pod_ip="198.18.0.1",service_name="cart",service_namespace="shop"} 1100
+`
+	if err := testutil.CollectAndCompare(m.EndpointWeight, strings.NewReader(want)); err != nil {
+		t.Errorf("endpoint_weight of the new pod: %v", err)
 	}
-	if got := testutil.CollectAndCount(m.EndpointWeight); got != 1 {
-		t.Errorf("series = %d, want 1", got)
+	// Both in one set (the old pod not yet gone from the slice): one
+	// series, the later one's, and the scrape does not fail.
+	m.SetPods("shop", "cart", []PodSample{{Pod: "a", IP: "198.18.0.1", Locality: "r/z", Weight: 900}, {Pod: "b", IP: "198.18.0.1", Locality: "r/z", Weight: 1100}})
+	if err := testutil.CollectAndCompare(m.EndpointWeight, strings.NewReader(want)); err != nil {
+		t.Errorf("endpoint_weight with a shared address: %v", err)
+	}
+}
+
+// A set without Signals (the mirror's, between cycles) keeps each pod's
+// last CPU, request rate and capacity; a new pod has none yet.
+func TestSetPodsWithoutSignalsKeepsTheLastValues(t *testing.T) {
+	m := New()
+	m.SetPods("shop", "cart", []PodSample{{Pod: "a", IP: "198.18.0.1", Weight: 900, Signals: true, CPU: f(0.5), RequestRate: f(10), Capacity: f(1.2)}})
+	m.SetPods("shop", "cart", []PodSample{{Pod: "a", IP: "198.18.0.1", Weight: 1000}, {Pod: "c", IP: "198.18.0.3", Weight: 1000}})
+	want := `
+# HELP optimizer_pod_cpu_cores CPU cores each pod used over the query window, as the metrics backend reported.
+# TYPE optimizer_pod_cpu_cores gauge
+optimizer_pod_cpu_cores{locality="",pod="a",pod_ip="198.18.0.1",service_name="cart",service_namespace="shop"} 0.5
+# HELP optimizer_pod_capacity_estimate Relative capacity estimate of each pod (mean 1).
+# TYPE optimizer_pod_capacity_estimate gauge
+optimizer_pod_capacity_estimate{locality="",pod="a",pod_ip="198.18.0.1",service_name="cart",service_namespace="shop"} 1.2
+`
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m.PodCPU, m.PodCapacity)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+	if got := testutil.CollectAndCount(m.EndpointWeight); got != 2 {
+		t.Errorf("endpoint_weight series = %d, want 2", got)
 	}
 }

@@ -224,18 +224,26 @@ func isReady(e discoveryv1.Endpoint) bool {
 	return e.Conditions.Ready == nil || *e.Conditions.Ready
 }
 
+const (
+	// SidecarContainer is the name of Istio's proxy container.
+	SidecarContainer = "istio-proxy"
+	// SidecarStatusAnnotation is set by Istio's injector on every pod it
+	// injected.
+	SidecarStatusAnnotation = "sidecar.istio.io/status"
+)
+
 // HasSidecar says whether Istio injected a proxy into the pod.
 func HasSidecar(pod *corev1.Pod) bool {
-	if _, ok := pod.Annotations["sidecar.istio.io/status"]; ok {
+	if _, ok := pod.Annotations[SidecarStatusAnnotation]; ok {
 		return true
 	}
 	for _, c := range pod.Spec.Containers {
-		if c.Name == "istio-proxy" {
+		if c.Name == SidecarContainer {
 			return true
 		}
 	}
 	for _, c := range pod.Spec.InitContainers {
-		if c.Name == "istio-proxy" {
+		if c.Name == SidecarContainer {
 			return true
 		}
 	}
@@ -266,7 +274,7 @@ func locality(node *corev1.Node, sliceZone *string) string {
 func CPURequest(pod *corev1.Pod) float64 {
 	total := 0.0
 	for _, c := range pod.Spec.Containers {
-		if c.Name == "istio-proxy" {
+		if c.Name == SidecarContainer {
 			continue
 		}
 		if q, ok := c.Resources.Requests[corev1.ResourceCPU]; ok {
@@ -289,7 +297,7 @@ func NodeCores(node *corev1.Node) float64 {
 func CPULimit(pod *corev1.Pod) float64 {
 	total := 0.0
 	for _, c := range pod.Spec.Containers {
-		if c.Name == "istio-proxy" {
+		if c.Name == SidecarContainer {
 			continue
 		}
 		q, ok := c.Resources.Limits[corev1.ResourceCPU]

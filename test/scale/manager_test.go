@@ -115,7 +115,7 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	// a second, as in a real cluster.
 	cmd := exec.Command(bin, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address", probeAddr, "--prometheus-url", backend.URL,
-		"--default-request-query", "-")
+		"--default-request-query", "-", "--leader-elect=false")
 	// SCALE_PROFILE_DIR: also save the manager's heap profile there, to
 	// read with `go tool pprof`.
 	profileDir, pprofAddr := os.Getenv("SCALE_PROFILE_DIR"), ""
@@ -137,20 +137,31 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
 	defer func() {
 		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
 		select {
-		case <-done:
+		case <-exited:
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
 		}
 	}()
+	// A manager that exits (a bad flag, no API server) fails the test at
+	// once, with its log, instead of after the timeouts below.
+	alive := func() {
+		select {
+		case <-exited:
+			out, _ := os.ReadFile(logFile.Name())
+			t.Fatalf("the manager exited: %s\n%s", cmd.ProcessState, out)
+		default:
+		}
+	}
 
 	started := time.Now()
 	timeout := 15 * time.Minute
 	harness.Eventually(t, timeout, "every ServiceEntry written", func() error {
+		alive()
 		ses := &istionet.ServiceEntryList{}
 		if err := c.List(ctx, ses); err != nil {
 			return err
@@ -164,6 +175,7 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	// Each optimizer's engine runs a few cycles.
 	want := float64(2 * optimizers)
 	harness.Eventually(t, 10*time.Minute, "weight cycles", func() error {
+		alive()
 		got := sumMetric(scrape(t, metricsAddr), "optimizer_cycles_total")
 		if got < want {
 			return fmt.Errorf("%v of %v cycles", got, want)
