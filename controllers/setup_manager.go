@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -162,8 +163,11 @@ func CacheOptions(namespaces []string) cache.Options {
 // TrimPod keeps only the Pod fields the mirror reads, so the cache of every
 // Pod in the cluster stays small (at 10 000 pods the cached Pods were the
 // largest part of the manager's heap): of the labels only the data-plane
-// mode, of the sidecar status annotation only that it is there, and no
-// resources of the sidecar container (only the application's CPU counts).
+// mode, of the sidecar only that it is there (as the injector's status
+// annotation, without its value), of the containers the application's
+// names, ports and CPU. The small maps left are shared between pods (see
+// interned): the cache's objects are never modified, and readers get deep
+// copies.
 func TrimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
@@ -178,28 +182,58 @@ func TrimPod(obj any) (any, error) {
 		Spec: corev1.PodSpec{ServiceAccountName: pod.Spec.ServiceAccountName, NodeName: pod.Spec.NodeName},
 	}
 	if v, ok := pod.Labels[desired.LabelDataplaneMode]; ok {
-		trimmed.Labels = map[string]string{desired.LabelDataplaneMode: v}
+		trimmed.Labels = internedLabels.get(desired.LabelDataplaneMode+"="+v, func() map[string]string {
+			return map[string]string{desired.LabelDataplaneMode: v}
+		})
 	}
-	if _, ok := pod.Annotations[desired.SidecarStatusAnnotation]; ok {
-		trimmed.Annotations = map[string]string{desired.SidecarStatusAnnotation: ""}
+	if desired.HasSidecar(pod) {
+		trimmed.Annotations = sidecarAnnotations
 	}
-	trimmed.Spec.Containers = make([]corev1.Container, 0, len(pod.Spec.Containers))
 	for _, c := range pod.Spec.Containers {
-		tc := corev1.Container{Name: c.Name, Ports: c.Ports}
-		if c.Name != desired.SidecarContainer {
-			tc.Resources = corev1.ResourceRequirements{Limits: cpuOnly(c.Resources.Limits), Requests: cpuOnly(c.Resources.Requests)}
-		}
-		trimmed.Spec.Containers = append(trimmed.Spec.Containers, tc)
-	}
-	for _, c := range pod.Spec.InitContainers {
 		if c.Name == desired.SidecarContainer {
-			trimmed.Spec.InitContainers = []corev1.Container{{Name: c.Name}}
-			break
+			continue
 		}
+		trimmed.Spec.Containers = append(trimmed.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports,
+			Resources: corev1.ResourceRequirements{Limits: cpuOnly(c.Resources.Limits), Requests: cpuOnly(c.Resources.Requests)}})
 	}
 	// Readiness comes from the EndpointSlices; the status is not read.
 	return trimmed, nil
 }
+
+// sidecarAnnotations marks a trimmed pod that has Istio's proxy.
+var sidecarAnnotations = map[string]string{desired.SidecarStatusAnnotation: ""}
+
+// interned shares equal small maps between cached objects: the pods of a
+// Deployment have the same CPU limit and request, and a map is about 600
+// bytes however small. At most internLimit values are kept; beyond them
+// maps are not shared.
+type interned[M any] struct {
+	mu sync.Mutex
+	m  map[string]M
+}
+
+const internLimit = 1024
+
+func (i *interned[M]) get(key string, build func() M) M {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if v, ok := i.m[key]; ok {
+		return v
+	}
+	v := build()
+	if i.m == nil {
+		i.m = map[string]M{}
+	}
+	if len(i.m) < internLimit {
+		i.m[key] = v
+	}
+	return v
+}
+
+var (
+	internedLabels    interned[map[string]string]
+	internedResources interned[corev1.ResourceList]
+)
 
 // TrimNode keeps only a Node's labels (topology and instance type) and its
 // allocatable CPU (a ceiling on what a pod without a CPU limit can use).
@@ -215,9 +249,12 @@ func TrimNode(obj any) (any, error) {
 	}, nil
 }
 
+// cpuOnly is the CPU of a resource list alone, shared between equal values.
 func cpuOnly(l corev1.ResourceList) corev1.ResourceList {
 	if q, ok := l[corev1.ResourceCPU]; ok {
-		return corev1.ResourceList{corev1.ResourceCPU: q}
+		return internedResources.get(q.String(), func() corev1.ResourceList {
+			return corev1.ResourceList{corev1.ResourceCPU: q}
+		})
 	}
 	return nil
 }
