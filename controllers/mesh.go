@@ -64,15 +64,15 @@ func destinationRuleRequests(byService func(ctx context.Context, namespace, serv
 // optimizers of Services in it.
 func namespaceRequests(c client.Client) handler.EventHandler {
 	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		// By index: at start-up every namespace is an event, and listing
+		// every optimizer for each copied them namespaces x optimizers times.
 		list := &optv1.IstioAdaptiveRequestOptimizerList{}
-		if err := c.List(ctx, list); err != nil {
+		if err := c.List(ctx, list, client.MatchingFields{indexTargetNamespace: o.GetName()}); err != nil {
 			return nil
 		}
-		var out []reconcile.Request
+		out := make([]reconcile.Request, 0, len(list.Items))
 		for _, opt := range list.Items {
-			if opt.TargetNamespace() == o.GetName() {
-				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&opt)})
-			}
+			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&opt)})
 		}
 		return out
 	})

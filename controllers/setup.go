@@ -28,6 +28,8 @@ const (
 	// indexVirtualServiceHost indexes VirtualServices by the FQDNs they
 	// could serve, for conflict detection.
 	indexVirtualServiceHost = "spec.hostFQDN"
+	// indexTargetNamespace: optimizers by the namespace of their Service.
+	indexTargetNamespace = "spec.targetNamespace"
 )
 
 // SetupWithManager registers the mirror: it reconciles an optimizer when the
@@ -39,6 +41,11 @@ func (r *MirrorReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	if err := idx.IndexField(ctx, &optv1.IstioAdaptiveRequestOptimizer{}, indexTargetService, func(o client.Object) []string {
 		opt := o.(*optv1.IstioAdaptiveRequestOptimizer)
 		return []string{opt.TargetNamespace() + "/" + opt.Spec.ServiceName}
+	}); err != nil {
+		return err
+	}
+	if err := idx.IndexField(ctx, &optv1.IstioAdaptiveRequestOptimizer{}, indexTargetNamespace, func(o client.Object) []string {
+		return []string{o.(*optv1.IstioAdaptiveRequestOptimizer).TargetNamespace()}
 	}); err != nil {
 		return err
 	}

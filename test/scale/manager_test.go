@@ -129,6 +129,9 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	if limit := os.Getenv("MANAGER_GOMEMLIMIT"); limit != "" {
 		cmd.Env = append(cmd.Env, "GOMEMLIMIT="+limit)
 	}
+	if gogc := os.Getenv("MANAGER_GOGC"); gogc != "" {
+		cmd.Env = append(cmd.Env, "GOGC="+gogc)
+	}
 	logFile, err := os.Create(filepath.Join(t.TempDir(), "manager.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -172,6 +175,9 @@ func TestManagerMemoryAtScale(t *testing.T) {
 		return nil
 	})
 	t.Logf("every ServiceEntry written %v after the manager started", time.Since(started).Round(100*time.Millisecond))
+	if profileDir != "" {
+		saveHeapProfile(t, pprofAddr, filepath.Join(profileDir, "heap-start.pprof"))
+	}
 	// Each optimizer's engine runs a few cycles.
 	want := float64(2 * optimizers)
 	// /metrics is read every 5 s, as a busy Prometheus would: each read
@@ -195,11 +201,12 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	if rss == 0 {
 		rss = residentBytes(cmd.Process.Pid)
 	}
+	peak := peakResidentBytes(cmd.Process.Pid)
 	heap := sumMetric(text, "go_memstats_heap_inuse_bytes")
 	alloc := sumMetric(text, "go_memstats_heap_alloc_bytes")
 	sys := sumMetric(text, "go_memstats_sys_bytes")
-	t.Logf("%d optimizers x %d pods: resident %.1f MiB, heap in use %.1f MiB, heap allocated %.1f MiB, Go sys %.1f MiB, manager GOMEMLIMIT=%q, %v query errors",
-		optimizers, pods, rss/(1<<20), heap/(1<<20), alloc/(1<<20), sys/(1<<20), os.Getenv("MANAGER_GOMEMLIMIT"), sumMetric(text, "optimizer_query_errors_total"))
+	t.Logf("%d optimizers x %d pods: resident %.1f MiB (peak %.1f MiB), heap in use %.1f MiB, heap allocated %.1f MiB, Go sys %.1f MiB, CPU %.1f s, manager GOMEMLIMIT=%q GOGC=%q, %v query errors",
+		optimizers, pods, rss/(1<<20), peak/(1<<20), heap/(1<<20), alloc/(1<<20), sys/(1<<20), sumMetric(text, "process_cpu_seconds_total"), os.Getenv("MANAGER_GOMEMLIMIT"), os.Getenv("MANAGER_GOGC"), sumMetric(text, "optimizer_query_errors_total"))
 	if rss == 0 || heap == 0 {
 		t.Errorf("the manager's metrics lack process or Go memory figures")
 	}
@@ -208,11 +215,11 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	}
 }
 
-// saveHeapProfile writes the manager's heap profile (after a garbage
-// collection) to path.
+// saveHeapProfile writes the manager's heap profile (live objects as of the
+// last garbage collection, and every allocation so far) to path.
 func saveHeapProfile(t *testing.T, addr, path string) {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap")
 	if err != nil {
 		t.Errorf("heap profile: %v", err)
 		return
@@ -267,13 +274,18 @@ func sumMetric(text, name string) float64 {
 
 // residentBytes reads a process's resident set from /proc (Linux), for
 // managers whose metrics lack the process collector.
-func residentBytes(pid int) float64 {
+func residentBytes(pid int) float64 { return procStatusBytes(pid, "VmRSS:") }
+
+// peakResidentBytes is the largest resident set the process had (Linux).
+func peakResidentBytes(pid int) float64 { return procStatusBytes(pid, "VmHWM:") }
+
+func procStatusBytes(pid int, field string) float64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == field {
 			kb, _ := strconv.ParseFloat(f[1], 64)
 			return kb * 1024
 		}
