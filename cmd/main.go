@@ -199,6 +199,8 @@ func run() error {
 		ClusterDomain: o.clusterDomain,
 		Source:        source,
 		Options:       o.controllerOptions,
+		Namespaces:    strings.Split(o.watchNamespaces, ","),
+		WatchErrors:   watchHealth.Handler,
 	}); err != nil {
 		return err
 	}

@@ -43,7 +43,9 @@ const (
 // MirrorReconciler mirrors a Service's ready pods into the optimized
 // ServiceEntry and keeps the routing objects next to it.
 type MirrorReconciler struct {
-	Client        client.Client
+	Client client.Client
+	// Pods serves the Pods the mirror reads; nil reads them through Client.
+	Pods          *PodCache
 	Scheme        *runtime.Scheme
 	Recorder      events.EventRecorder
 	Clock         clock.PassiveClock
@@ -283,6 +285,19 @@ func nilIfTyped[T any, P interface {
 	return p
 }
 
+// pod reads one pod, nil when there is none.
+func (r *MirrorReconciler) pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	if r.Pods != nil {
+		pod, _, err := r.Pods.Pod(ctx, namespace, name)
+		return pod, err
+	}
+	pod := &corev1.Pod{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, pod); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return pod, nil
+}
+
 // read gathers the inputs of desired.Compute and the live owned objects.
 func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer) (desired.Input, liveObjects, error) {
 	ns := opt.TargetNamespace()
@@ -307,11 +322,12 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 		for _, e := range s.Endpoints {
 			if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
 				if _, seen := in.Pods[e.TargetRef.Name]; !seen {
-					pod := &corev1.Pod{}
-					if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: e.TargetRef.Name}, pod); err == nil {
-						in.Pods[pod.Name] = pod
-					} else if !apierrors.IsNotFound(err) {
+					pod, err := r.pod(ctx, ns, e.TargetRef.Name)
+					if err != nil {
 						return in, live, fmt.Errorf("get Pod %s/%s: %w", ns, e.TargetRef.Name, err)
+					}
+					if pod != nil {
+						in.Pods[pod.Name] = pod
 					}
 				}
 			}

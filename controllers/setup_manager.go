@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -89,6 +90,11 @@ type Dependencies struct {
 	// Source answers the weight queries; nil leaves weights equal.
 	Source  MetricsSource
 	Options Options
+	// Namespaces the manager watches (empty: all), for the PodCache.
+	Namespaces []string
+	// WatchErrors receives the PodCache's list and watch errors (may be
+	// nil), like the manager cache's DefaultWatchErrorHandler.
+	WatchErrors toolscache.WatchErrorHandlerWithContext
 }
 
 // Setup registers every controller of the operator with the manager.
@@ -105,7 +111,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 			return fmt.Errorf("add weight loop: %w", err)
 		}
 	}
+	pods, err := NewPodCache(mgr.GetConfig(), d.Namespaces, d.WatchErrors)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(pods); err != nil {
+		return fmt.Errorf("add pod cache: %w", err)
+	}
 	mirror := &MirrorReconciler{
+		Pods:           pods,
 		Client:         mgr.GetClient(),
 		Scheme:         mgr.GetScheme(),
 		Recorder:       mgr.GetEventRecorder(FieldManager),
@@ -127,7 +141,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 			return crossNamespaceDenied(o, mirror.CrossNamespace) != ""
 		},
 	}
-	var err error
 	if mirror.DefaultExportTo, err = desired.ParseExportTo(d.Options.DefaultExportTo); err != nil {
 		return fmt.Errorf("--default-export-to: %w", err)
 	}
@@ -160,48 +173,21 @@ func CacheOptions(namespaces []string) cache.Options {
 	return o
 }
 
-// TrimPod keeps only the Pod fields the mirror reads, so the cache of every
-// Pod in the cluster stays small (at 10 000 pods the cached Pods were the
-// largest part of the manager's heap): of the labels only the data-plane
-// mode, of the sidecar only that it is there (as the injector's status
-// annotation, without its value), of the containers the application's
-// names, ports and CPU. The small maps left are shared between pods (see
-// interned): the cache's objects are never modified, and readers get deep
-// copies.
+// TrimPod keeps only the Pod fields the mirror reads, the same as the
+// PodCache keeps: of the labels only the data-plane mode, of the sidecar
+// only that it is there (as the injector's status annotation, without its
+// value), of the containers the application's names, ports and CPU. The
+// mirror reads Pods through the PodCache; this trim keeps the manager's
+// cache small should anything read Pods from it.
 func TrimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
-	trimmed := &corev1.Pod{
-		TypeMeta: pod.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{
-			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
-			DeletionTimestamp: pod.DeletionTimestamp,
-		},
-		Spec: corev1.PodSpec{ServiceAccountName: pod.Spec.ServiceAccountName, NodeName: pod.Spec.NodeName},
-	}
-	if v, ok := pod.Labels[desired.LabelDataplaneMode]; ok {
-		trimmed.Labels = internedLabels.get(desired.LabelDataplaneMode+"="+v, func() map[string]string {
-			return map[string]string{desired.LabelDataplaneMode: v}
-		})
-	}
-	if desired.HasSidecar(pod) {
-		trimmed.Annotations = sidecarAnnotations
-	}
-	for _, c := range pod.Spec.Containers {
-		if c.Name == desired.SidecarContainer {
-			continue
-		}
-		trimmed.Spec.Containers = append(trimmed.Spec.Containers, corev1.Container{Name: c.Name, Ports: c.Ports,
-			Resources: corev1.ResourceRequirements{Limits: cpuOnly(c.Resources.Limits), Requests: cpuOnly(c.Resources.Requests)}})
-	}
-	// Readiness comes from the EndpointSlices; the status is not read.
+	trimmed := newPodInfo(pod).pod()
+	trimmed.TypeMeta, trimmed.UID, trimmed.DeletionTimestamp = pod.TypeMeta, pod.UID, pod.DeletionTimestamp
 	return trimmed, nil
 }
-
-// sidecarAnnotations marks a trimmed pod that has Istio's proxy.
-var sidecarAnnotations = map[string]string{desired.SidecarStatusAnnotation: ""}
 
 // interned shares equal small maps between cached objects: the pods of a
 // Deployment have the same CPU limit and request, and a map is about 600
@@ -230,10 +216,7 @@ func (i *interned[M]) get(key string, build func() M) M {
 	return v
 }
 
-var (
-	internedLabels    interned[map[string]string]
-	internedResources interned[corev1.ResourceList]
-)
+var internedResources interned[corev1.ResourceList]
 
 // TrimNode keeps only a Node's labels (topology and instance type) and its
 // allocatable CPU (a ceiling on what a pod without a CPU limit can use).
