@@ -38,9 +38,16 @@ type podInfo struct {
 	// the pod has it.
 	dataplaneMode string
 	hasMode       bool
-	// containers are the application's (not the sidecar): names, ports
-	// and CPU, the resource lists shared between pods (see interned).
-	containers []corev1.Container
+	// containers are the application's (not the sidecar).
+	containers []podContainer
+}
+
+// podContainer is what the mirror reads of a container: a corev1.Container
+// is 0.4 KiB. The CPU lists are shared between pods (see interned).
+type podContainer struct {
+	name             string
+	ports            []corev1.ContainerPort
+	limits, requests corev1.ResourceList
 }
 
 // NewPodCache builds informers over Pods, cluster-wide or in the given
@@ -158,18 +165,25 @@ func newPodInfo(pod *corev1.Pod) *podInfo {
 		if c.Name == desired.SidecarContainer {
 			continue
 		}
-		p.containers = append(p.containers, corev1.Container{Name: c.Name, Ports: c.Ports,
-			Resources: corev1.ResourceRequirements{Limits: cpuOnly(c.Resources.Limits), Requests: cpuOnly(c.Resources.Requests)}})
+		p.containers = append(p.containers, podContainer{name: c.Name, ports: c.Ports,
+			limits: cpuOnly(c.Resources.Limits), requests: cpuOnly(c.Resources.Requests)})
 	}
 	return p
 }
 
-// pod rebuilds what the mirror reads of the pod. Its containers and maps
-// are shared with the cache: callers must not modify them.
+// pod rebuilds what the mirror reads of the pod. Its ports and resource
+// lists are shared with the cache: callers must not modify them.
 func (p *podInfo) pod() *corev1.Pod {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, ResourceVersion: p.ResourceVersion},
-		Spec:       corev1.PodSpec{ServiceAccountName: p.serviceAccount, NodeName: p.node, Containers: p.containers},
+		Spec:       corev1.PodSpec{ServiceAccountName: p.serviceAccount, NodeName: p.node},
+	}
+	if len(p.containers) > 0 {
+		pod.Spec.Containers = make([]corev1.Container, len(p.containers))
+		for i, c := range p.containers {
+			pod.Spec.Containers[i] = corev1.Container{Name: c.name, Ports: c.ports,
+				Resources: corev1.ResourceRequirements{Limits: c.limits, Requests: c.requests}}
+		}
 	}
 	if p.hasMode {
 		pod.Labels = map[string]string{desired.LabelDataplaneMode: p.dataplaneMode}
