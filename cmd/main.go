@@ -10,8 +10,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"runtime/debug"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 
 	"github.com/go-logr/zapr"

@@ -210,6 +210,12 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	if rss == 0 || heap == 0 {
 		t.Errorf("the manager's metrics lack process or Go memory figures")
 	}
+	// Issue 8's target, with the manager's own defaults (no GOGC or
+	// GOMEMLIMIT from the test) and over the whole run, not just at the end.
+	const target = 150 << 20
+	if os.Getenv("MANAGER_GOGC") == "" && os.Getenv("MANAGER_GOMEMLIMIT") == "" && peak > target {
+		t.Errorf("peak resident memory %.1f MiB, over the %d MiB target", peak/(1<<20), target>>20)
+	}
 	if errs := sumMetric(text, "optimizer_query_errors_total"); errs > 0 {
 		t.Errorf("%v query errors against a backend that answers for every pod", errs)
 	}
