@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -13,7 +14,9 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/zapr"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -224,9 +227,57 @@ func run() error {
 	if err := mgr.AddReadyzCheck("informers", watchHealth.Check); err != nil {
 		return err
 	}
+	synced := &cachesSynced{ch: make(chan struct{})}
+	if err := mgr.Add(synced); err != nil {
+		return err
+	}
 	logger.Info("Starting manager", "prometheusURL", redact(o.prometheus.URL), "watchNamespaces", o.watchNamespaces)
-	return mgr.Start(ctx)
+	return startManager(ctx, mgr.Start, synced.ch, stuckStartGrace, logger)
 }
+
+// stuckStartGrace is how long a stop signal waits for a manager whose
+// caches never synced before the process exits anyway.
+const stuckStartGrace = 5 * time.Second
+
+// startManager runs the manager until ctx ends and it returns. A manager
+// whose caches never synced (an informer that cannot list: RBAC, an object
+// it cannot decode) does not return from Start once ctx ends: its start-up
+// wait spins on the closed context (kubernetes-sigs/controller-runtime#3440,
+// not fixed in v0.25.2). Nothing has run then, so after grace the process
+// exits without it. A manager that did sync shuts down as usual.
+func startManager(ctx context.Context, start func(context.Context) error, synced <-chan struct{}, grace time.Duration, logger logr.Logger) error {
+	errc := make(chan error, 1)
+	go func() { errc <- start(ctx) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(grace):
+	}
+	select {
+	case <-synced:
+		return <-errc // a normal shutdown, still running
+	default:
+		logger.Info("Stopping although the caches never synced; the manager did not stop by itself", "waited", grace)
+		return nil
+	}
+}
+
+// cachesSynced closes ch when the manager starts its runnables that need
+// no leader election, which it does once every cache has synced.
+type cachesSynced struct{ ch chan struct{} }
+
+func (c *cachesSynced) Start(ctx context.Context) error {
+	close(c.ch)
+	<-ctx.Done()
+	return nil
+}
+
+func (c *cachesSynced) NeedLeaderElection() bool { return false }
 
 // inClusterNamespaceFile is where a pod finds its namespace, which
 // controller-runtime uses for the lease when none is given.

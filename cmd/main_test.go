@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
 )
 
 func TestFlags(t *testing.T) {
@@ -28,3 +33,61 @@ func TestFlags(t *testing.T) {
 		t.Errorf("credentials flags give %+v", p)
 	}
 }
+
+// TestStartManagerStopsWhenCachesNeverSynced: controller-runtime's Start
+// does not return after the context ends while its caches have not synced;
+// the process must stop anyway, and a manager that did sync must be
+// waited for however long its shutdown takes.
+func TestStartManagerStopsWhenCachesNeverSynced(t *testing.T) {
+	const grace = 50 * time.Millisecond
+	tests := map[string]struct {
+		synced   bool
+		stopTime time.Duration // how long Start takes to return after ctx ends; <0: never
+		want     error
+	}{
+		"stops by itself":                 {synced: true, stopTime: 0},
+		"never synced, never stops":       {synced: false, stopTime: -1},
+		"synced, slow graceful shutdown":  {synced: true, stopTime: 4 * grace, want: errSlowStop},
+		"never synced but stops in grace": {synced: false, stopTime: grace / 5},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			synced := make(chan struct{})
+			if tc.synced {
+				close(synced)
+			}
+			start := func(ctx context.Context) error {
+				<-ctx.Done()
+				if tc.stopTime < 0 {
+					select {} // controller-runtime#3440
+				}
+				time.Sleep(tc.stopTime)
+				if tc.want != nil {
+					return tc.want
+				}
+				return nil
+			}
+			done := make(chan error, 1)
+			go func() { done <- startManager(ctx, start, synced, grace, logr.Discard()) }()
+			cancel()
+			select {
+			case err := <-done:
+				if !errors.Is(err, tc.want) {
+					t.Errorf("startManager = %v, want %v", err, tc.want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("startManager did not return")
+			}
+		})
+	}
+	t.Run("start fails", func(t *testing.T) {
+		boom := errors.New("boom")
+		err := startManager(context.Background(), func(context.Context) error { return boom }, make(chan struct{}), grace, logr.Discard())
+		if !errors.Is(err, boom) {
+			t.Errorf("startManager = %v, want %v", err, boom)
+		}
+	})
+}
+
+var errSlowStop = errors.New("slow stop")
