@@ -137,6 +137,12 @@ endpoint_weight{locality="r/z",pod_ip="198.18.0.1",service_name="cart",service_n
 	if err := testutil.CollectAndCompare(m.EndpointWeight, strings.NewReader(want)); err != nil {
 		t.Errorf("endpoint_weight with a shared address: %v", err)
 	}
+	if v, ok := m.EndpointWeightValue("shop", "cart", "198.18.0.1", "r/z"); !ok || v != 1100 {
+		t.Errorf("EndpointWeightValue = %v, %v; want 1100, true", v, ok)
+	}
+	if _, ok := m.EndpointWeightValue("shop", "cart", "198.18.0.9", "r/z"); ok {
+		t.Errorf("EndpointWeightValue found a series for an address with none")
+	}
 }
 
 // A set without Signals (the mirror's, between cycles) keeps each pod's

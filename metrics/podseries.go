@@ -159,3 +159,17 @@ func (m *podMetric) Write(out *dto.Metric) error {
 	out.Gauge = &dto.Gauge{Value: proto.Float64(m.value)}
 	return nil
 }
+
+// EndpointWeightValue is the endpoint_weight a scrape would show for an
+// endpoint of a service; ok is false when there is no such series.
+func (m *Metrics) EndpointWeightValue(namespace, service, ip, locality string) (v float64, ok bool) {
+	m.pods.mu.RLock()
+	defer m.pods.mu.RUnlock()
+	recs := m.pods.services[serviceKey{namespace, service}]
+	for i := len(recs) - 1; i >= 0; i-- { // the later record wins, as in Collect
+		if r := &recs[i]; r.ip == ip && r.locality == locality {
+			return float64(r.weight), true
+		}
+	}
+	return 0, false
+}

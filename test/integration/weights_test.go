@@ -176,8 +176,8 @@ func TestWeightsFollowCapacityAndSurvivePrometheusOutage(t *testing.T) {
 	if err := sharesWithin(readWeights(), map[string]float64{"api-fast-0": .25, "api-fast-1": .25, "api-slow-0": .25, "api-slow-1": .25}, 0.001); err != nil {
 		t.Fatalf("dry run changed the ServiceEntry: %v", err)
 	}
-	if got := testutil.ToFloat64(testMetrics.EndpointWeight.WithLabelValues(ns, "api", IP(20, 1), "r/z")); got < 1200 {
-		t.Errorf("endpoint_weight of the fast pod in dry run = %v, want the computed weight (> 1200)", got)
+	if got, ok := testMetrics.EndpointWeightValue(ns, "api", IP(20, 1), "r/z"); !ok || got < 1200 {
+		t.Errorf("endpoint_weight of the fast pod in dry run = %v (series present: %v), want the computed weight (> 1200)", got, ok)
 	}
 	patch := client.MergeFrom(getOpt(t, c, ns))
 	live := getOpt(t, c, ns)
