@@ -90,6 +90,9 @@ type Pod struct {
 	// NodeCores is the allocatable CPU of the pod's node, in cores; 0 =
 	// unknown. A ceiling on what the pod can use when Cores is 0.
 	NodeCores float64
+	// Node is the name of the pod's node, "" when unknown. Pods of the set
+	// on one node share what that node leaves idle (Signal.NodeCPU).
+	Node string
 }
 
 // Signal is what the metrics backend said about one pod over the query window.
@@ -103,6 +106,13 @@ type Signal struct {
 	// _sum over rate of _count); queueing at a saturated pod shows here
 	// whatever its cores. Optional.
 	Latency float64
+	// NodeCPU is the CPU in use on the pod's node over the window, in
+	// cores, every container and the system included (cAdvisor's root
+	// cgroup, container_cpu_usage_seconds_total{id="/"}). With
+	// Pod.NodeCores it shows what a pod without a CPU limit could use now:
+	// its own CPU plus what its node leaves idle. Optional; 0 (a node with
+	// a pod on it is never at 0) or no data = unknown.
+	NodeCPU float64
 }
 
 // Observation is one cycle's query result.
