@@ -174,6 +174,14 @@ type Optimization struct {
 	// cpu_query. Set to "-" to go without latency.
 	// +optional
 	LatencyQuery string `json:"latency_query,omitempty"`
+
+	// node_cpu_query overrides the PromQL template of the CPU in use on each
+	// pod's node, in cores (every container and the system), same variables
+	// as cpu_query. Used only for pods without a CPU limit: with the node's
+	// allocatable CPU it gives the pod's ceiling, its own CPU plus what its
+	// node leaves idle. Set to "-" to go without it.
+	// +optional
+	NodeCPUQuery string `json:"node_cpu_query,omitempty"`
 }
 
 // IstioAdaptiveRequestOptimizerSpec is what the user asks for.
