@@ -19,6 +19,7 @@ type EngineDefaults struct {
 	CPUQuery     string
 	RequestQuery string
 	LatencyQuery string
+	NodeCPUQuery string
 }
 
 // DefaultEngineDefaults are the defaults without flags.
@@ -29,6 +30,7 @@ func DefaultEngineDefaults() EngineDefaults {
 		CPUQuery:     promsource.DefaultCPUQuery,
 		RequestQuery: promsource.DefaultRequestQuery,
 		LatencyQuery: promsource.DefaultLatencyQuery,
+		NodeCPUQuery: promsource.DefaultNodeCPUQuery,
 	}
 }
 
@@ -51,6 +53,7 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&d.CPUQuery, "default-cpu-query", d.CPUQuery, "PromQL template of per-pod CPU cores (spec.optimization.cpu_query).")
 	fs.StringVar(&d.RequestQuery, "default-request-query", d.RequestQuery, `PromQL template of per-pod requests per second, "-" for CPU only (spec.optimization.request_query).`)
 	fs.StringVar(&d.LatencyQuery, "default-latency-query", d.LatencyQuery, `PromQL template of per-pod mean request duration in seconds, "-" for none (spec.optimization.latency_query).`)
+	fs.StringVar(&d.NodeCPUQuery, "default-node-cpu-query", d.NodeCPUQuery, `PromQL template of the CPU cores in use on each pod's node, for pods without a CPU limit, "-" for none (spec.optimization.node_cpu_query).`)
 }
 
 // Validate reports invalid defaults at start-up.
@@ -63,7 +66,7 @@ func (d EngineDefaults) Validate() error {
 
 // settings are the defaults as the settings of one optimizer.
 func (d EngineDefaults) settings(dryRun bool) Settings {
-	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, LatencyQuery: d.LatencyQuery, DryRun: dryRun}
+	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, LatencyQuery: d.LatencyQuery, NodeCPUQuery: d.NodeCPUQuery, DryRun: dryRun}
 	s.disableDashed()
 	return s
 }
@@ -75,6 +78,7 @@ type Settings struct {
 	CPUQuery     string
 	RequestQuery string // "" when CPU only
 	LatencyQuery string // "" when none
+	NodeCPUQuery string // "" when none
 	DryRun       bool
 }
 
@@ -85,6 +89,9 @@ func (s *Settings) disableDashed() {
 	}
 	if s.LatencyQuery == "-" {
 		s.LatencyQuery = ""
+	}
+	if s.NodeCPUQuery == "-" {
+		s.NodeCPUQuery = ""
 	}
 }
 
@@ -133,6 +140,9 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 		if o.LatencyQuery != "" {
 			s.LatencyQuery = o.LatencyQuery
 		}
+		if o.NodeCPUQuery != "" {
+			s.NodeCPUQuery = o.NodeCPUQuery
+		}
 	}
 	s.disableDashed()
 	problems := s.problems()
@@ -169,6 +179,11 @@ func (s Settings) problems() []string {
 	if s.LatencyQuery != "" {
 		if err := promsource.Validate(s.LatencyQuery); err != nil {
 			problems = append(problems, "latency_query: "+err.Error())
+		}
+	}
+	if s.NodeCPUQuery != "" {
+		if err := promsource.Validate(s.NodeCPUQuery); err != nil {
+			problems = append(problems, "node_cpu_query: "+err.Error())
 		}
 	}
 	return problems

@@ -18,17 +18,22 @@ import (
 // (Degraded/CPUOnly and optimizer_signal_available) rather than hide.
 type Signals struct {
 	CPU, Requests, Latency bool
-	// RequestsDisabled and LatencyDisabled: the query is "-".
-	RequestsDisabled, LatencyDisabled bool
+	// NodeCPU: the CPU in use on the pods' nodes, which bounds what a pod
+	// without a CPU limit can use (its own CPU plus its node's idle CPU).
+	NodeCPU bool
+	// RequestsDisabled, LatencyDisabled and NodeCPUDisabled: the query is "-".
+	RequestsDisabled, LatencyDisabled, NodeCPUDisabled bool
 }
 
-func signalsOf(s Settings, cpu bool, requests, latency promsource.Result) Signals {
+func signalsOf(s Settings, cpu bool, requests, latency, nodeCPU promsource.Result) Signals {
 	return Signals{
 		CPU:              cpu,
 		Requests:         len(requests.Values) > 0,
 		Latency:          len(latency.Values) > 0,
+		NodeCPU:          len(nodeCPU.Values) > 0,
 		RequestsDisabled: s.RequestQuery == "",
 		LatencyDisabled:  s.LatencyQuery == "",
+		NodeCPUDisabled:  s.NodeCPUQuery == "",
 	}
 }
 

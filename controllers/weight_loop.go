@@ -195,17 +195,18 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 		l.Metrics.ReconcileError(weightControllerName, "query", key.Name, key.Namespace)
 		logger.Info("CPU query failed", "error", textutil.Printable(err.Error(), textutil.LogLimit))
 	}
-	var requests, latency promsource.Result
+	var requests, latency, nodeCPU promsource.Result
 	if obs.Err == nil {
 		requests = l.optionalSignal(ctx, logger, tgt, "requests", s.RequestQuery, qt, now)
 		latency = l.optionalSignal(ctx, logger, tgt, "latency", s.LatencyQuery, qt, now)
+		nodeCPU = l.optionalSignal(ctx, logger, tgt, "node_cpu", s.NodeCPUQuery, qt, now)
 	}
 	// Series that were dropped (duplicates, NaN, no pod label, warnings)
 	// do not fail the cycle, but the user must hear why a pod has no data.
 	for _, r := range []struct {
 		signal string
 		res    promsource.Result
-	}{{"cpu", cpu}, {"requests", requests}, {"latency", latency}} {
+	}{{"cpu", cpu}, {"requests", requests}, {"latency", latency}, {"node_cpu", nodeCPU}} {
 		if issues := r.res.Err(); issues != nil {
 			logger.Info("Query answer had problems; the affected series were ignored", "signal", r.signal,
 				"query", textutil.Printable(r.res.Query, textutil.LogLimit), "problems", textutil.Printable(issues.Error(), textutil.LogLimit))
@@ -214,20 +215,8 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 	if ctx.Err() != nil {
 		return
 	}
-	for _, p := range pods {
-		sig := weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN()}
-		if v, ok := cpu.Values[p]; ok && obs.Err == nil {
-			sig.CPU = v
-		}
-		if v, ok := requests.Values[p]; ok {
-			sig.Requests = v
-		}
-		if v, ok := latency.Values[p]; ok {
-			sig.Latency = v
-		}
-		obs.Signals[p] = sig
-	}
-	avail := signalsOf(s, obs.Err == nil && len(cpu.Values) > 0, requests, latency)
+	podSignals(obs.Signals, pods, cpu, obs.Err == nil, requests, latency, nodeCPU)
+	avail := signalsOf(s, obs.Err == nil && len(cpu.Values) > 0, requests, latency, nodeCPU)
 	out, eps, ok := l.Book.Update(key, s.Params, obs, s.DryRun)
 	if !ok {
 		return
@@ -240,6 +229,28 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 	select {
 	case l.Wake <- event.GenericEvent{Object: wakeObject(key)}:
 	case <-ctx.Done():
+	}
+}
+
+// podSignals fills into with each pod's signals from the answers; a pod
+// without a value for a signal gets NaN (no data). CPU counts only when its
+// query succeeded (cpuOK).
+func podSignals(into map[string]weights.Signal, pods []string, cpu promsource.Result, cpuOK bool, requests, latency, nodeCPU promsource.Result) {
+	for _, p := range pods {
+		sig := weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), NodeCPU: math.NaN()}
+		if v, ok := cpu.Values[p]; ok && cpuOK {
+			sig.CPU = v
+		}
+		if v, ok := requests.Values[p]; ok {
+			sig.Requests = v
+		}
+		if v, ok := latency.Values[p]; ok {
+			sig.Latency = v
+		}
+		if v, ok := nodeCPU.Values[p]; ok {
+			sig.NodeCPU = v
+		}
+		into[p] = sig
 	}
 }
 
@@ -265,7 +276,7 @@ func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Obs
 		samples = append(samples, s)
 	}
 	m.SetPods(tgt.namespace, tgt.service, samples)
-	for signal, ok := range map[string]bool{"cpu": out.Signals.CPU, "requests": out.Signals.Requests, "latency": out.Signals.Latency} {
+	for signal, ok := range map[string]bool{"cpu": out.Signals.CPU, "requests": out.Signals.Requests, "latency": out.Signals.Latency, "node_cpu": out.Signals.NodeCPU} {
 		m.SignalAvailable.WithLabelValues(tgt.namespace, tgt.service, signal).Set(b2f(ok))
 	}
 	m.Cycles.WithLabelValues(tgt.namespace, tgt.service, string(out.Result.Mode)).Inc()

@@ -127,7 +127,7 @@ func (e *bookEntry) pods(now time.Time, eps []desired.Endpoint) []weights.Pod {
 		}
 		since[ep.Pod] = t
 		out = append(out, weights.Pod{Name: ep.Pod, Locality: ep.Locality, HardwareClass: ep.HardwareClass, Cores: ep.Cores,
-			CPURequest: ep.CPURequest, NodeCores: ep.NodeCores, ReadySince: t})
+			CPURequest: ep.CPURequest, NodeCores: ep.NodeCores, Node: ep.Node, ReadySince: t})
 	}
 	e.readySince = since
 	return out
