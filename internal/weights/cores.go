@@ -37,12 +37,93 @@ const (
 	minWaitRatio = 0.02
 	// coresGain is the weight of a new cores observation once a few are in.
 	coresGain = 0.25
+	// ceilingGain is the weight of a new ceiling observation (see
+	// smoothCeilings): half, since a pod's ceiling moves with its
+	// neighbours, and the node's idle CPU of one window is noisy.
+	ceilingGain = 0.5
 	// steadyShare: a window in which the pod's traffic share moved by more
 	// than this ratio does not measure its cores.
 	steadyShare = 1.1
 	// maxSolveCores bounds the cores the solver considers.
 	maxSolveCores = 1024
 )
+
+// ceilings sets every pod's limit for this cycle: its Cores when it has a
+// limit; else, when its node's CPU in use is known (Signal.NodeCPU), its
+// own CPU plus its share of what the node left idle (the node's
+// allocatable CPU minus its CPU in use), which is all it could have used:
+// pods of the set on one node share that idle CPU in proportion to the
+// CPU they use (equally when they use none).
+func ceilings(set []Pod, pods []podSignal) {
+	type node struct {
+		idle, busy float64
+		n          int
+	}
+	nodes := map[string]*node{}
+	key := func(i int) string {
+		if set[i].Node == "" {
+			return "\x00" + set[i].Name // a pod of an unknown node is alone on it
+		}
+		return set[i].Node
+	}
+	for i, pod := range set {
+		ps := &pods[i]
+		if knownCores(pod) {
+			ps.limit = pod.Cores
+			continue
+		}
+		_, hi := coresBounds(pod)
+		if !ps.hasCPU || ps.nodeCPU <= 0 || hi <= 0 {
+			continue
+		}
+		nd := nodes[key(i)]
+		if nd == nil {
+			nd = &node{}
+			nodes[key(i)] = nd
+		}
+		// The node's figures come with each of its pods; they are one
+		// series, so they agree but for the scrape that read them.
+		nd.idle = max(nd.idle, hi-ps.nodeCPU)
+		nd.busy += ps.cpu
+		nd.n++
+	}
+	for i, pod := range set {
+		ps := &pods[i]
+		if knownCores(pod) {
+			continue
+		}
+		nd := nodes[key(i)]
+		if nd == nil {
+			continue
+		}
+		share := 1 / float64(nd.n)
+		if nd.busy > 0 {
+			share = ps.cpu / nd.busy
+		}
+		ps.limit = ps.cpu + max(0, nd.idle)*share
+	}
+}
+
+// smoothCeilings averages each pod's ceiling (its own CPU plus its share
+// of its node's idle CPU) over cycles, since the node's other tenants come
+// and go and its idle CPU is read from another series than the pod's, and
+// makes the average the pod's limit this cycle.
+func (e *Engine) smoothCeilings(set []Pod, sig signals) {
+	for i, pod := range set {
+		ps := &sig.pods[i]
+		if knownCores(pod) || ps.limit <= 0 {
+			continue
+		}
+		st := e.state(pod.Name)
+		if st.ceiling <= 0 {
+			st.ceiling = ps.limit
+		} else {
+			st.ceiling = math.Exp((1-ceilingGain)*math.Log(st.ceiling) + ceilingGain*math.Log(ps.limit))
+		}
+		// It used what it used, whatever the average says.
+		ps.limit = max(st.ceiling, ps.cpu)
+	}
+}
 
 // coresBounds returns the range the pod's cores can be in, from its CPU
 // request and its node's allocatable CPU (0 for an unknown end).
@@ -65,8 +146,14 @@ func (e *Engine) coresOf(pod Pod) float64 {
 	if knownCores(pod) {
 		return pod.Cores
 	}
-	if st := e.pods[pod.Name]; st != nil && st.cores > 0 {
-		return st.cores
+	if st := e.pods[pod.Name]; st != nil && (st.cores > 0 || st.ceiling > 0) {
+		switch {
+		case st.cores <= 0:
+			return st.ceiling
+		case st.ceiling <= 0:
+			return st.cores
+		}
+		return min(st.cores, st.ceiling)
 	}
 	lo, hi := coresBounds(pod)
 	switch {
@@ -94,6 +181,9 @@ func (e *Engine) estimateCores(now time.Time, set []Pod, sig signals, shares []s
 			continue
 		}
 		lo, hi := coresBounds(pod)
+		if ps.limit > 0 {
+			hi = min(hi, ps.limit)
+		}
 		lo = max(lo, ps.cpu)
 		if hi <= 0 {
 			hi = maxSolveCores

@@ -2,7 +2,9 @@ package weights
 
 import (
 	"math"
+	"slices"
 	"testing"
+	"time"
 )
 
 // erlangWait is the M/M/c mean wait over the service time, from the
@@ -163,5 +165,67 @@ func TestLatencySplit(t *testing.T) {
 			}
 			tc.check(t, split, capacity)
 		})
+	}
+}
+
+// A pod without a limit could use its own CPU plus its share of what its
+// node leaves idle; pods of the set on one node share that idle CPU in
+// proportion to their use; a limit wins; without the node's figures
+// nothing is known.
+func TestCeilingsFromNodeIdleCPU(t *testing.T) {
+	set := []Pod{
+		{Name: "alone", NodeCores: 8, Node: "n1"},
+		{Name: "pair-a", NodeCores: 16, Node: "n2"},
+		{Name: "pair-b", NodeCores: 16, Node: "n2"},
+		{Name: "limited", Cores: 2, NodeCores: 16, Node: "n3"},
+		{Name: "no-node-data", NodeCores: 8, Node: "n4"},
+		{Name: "no-node-name", NodeCores: 4},
+	}
+	obs := map[string]Signal{
+		"alone":        {CPU: 1, NodeCPU: 5},     // 3 idle
+		"pair-a":       {CPU: 3, NodeCPU: 12},    // 4 idle, a uses 3 of the pair's 4
+		"pair-b":       {CPU: 1, NodeCPU: 12},    // and b 1 of 4
+		"limited":      {CPU: 1, NodeCPU: 2},     // its limit
+		"no-node-data": {CPU: 1, NodeCPU: 0},     // unknown
+		"no-node-name": {CPU: 1.5, NodeCPU: 4.5}, // node busier than allocatable: none idle
+	}
+	sig := readSignals(canonicalPods(set), obs)
+	want := map[string]float64{"alone": 4, "pair-a": 6, "pair-b": 2, "limited": 2, "no-node-data": 0, "no-node-name": 1.5}
+	for i, pod := range canonicalPods(set) {
+		if got := sig.pods[i].limit; math.Abs(got-want[pod.Name]) > 1e-9 {
+			t.Errorf("%s: limit %v, want %v", pod.Name, got, want[pod.Name])
+		}
+	}
+	if !sig.pods[slices.IndexFunc(canonicalPods(set), func(p Pod) bool { return p.Name == "no-node-name" })].saturated() {
+		t.Error("a pod whose node has nothing idle is not taken as saturated")
+	}
+}
+
+// With CPU alone, the cores of pods without a limit come from their
+// ceilings, so the first weights after opt-in already follow them (1, 2, 4 and 8 cores
+// of equal speed), where the bounds alone (a 1-core request, 4- and
+// 16-core nodes) would give 2, 2, 4 and 4.
+func TestCPUOnlyWeightsFollowCeilings(t *testing.T) {
+	cores := map[string]float64{"c1": 1, "c2": 2, "c4": 4, "c8": 8}
+	node := map[string]float64{"c1": 4, "c2": 4, "c4": 16, "c8": 16}
+	var set []Pod
+	obs := Observation{Time: time.Unix(1000, 0), Signals: map[string]Signal{}}
+	for name, c := range cores {
+		set = append(set, Pod{Name: name, CPURequest: 1, NodeCores: node[name], Node: "node-" + name})
+		use := 0.5 * c
+		obs.Signals[name] = Signal{CPU: use, Requests: math.NaN(), NodeCPU: node[name] - c + use}
+	}
+	// The weights were applied 30 s ago: the window still shows the
+	// Service's history before them, from which CPU alone learns nothing.
+	e := New(DefaultParams())
+	e.Applied(obs.Time.Add(-30*time.Second), e.Weights(obs.Time.Add(-30*time.Second), set))
+	res := e.Update(set, obs)
+	for name, c := range cores {
+		if got := e.coresOf(Pod{Name: name, CPURequest: 1, NodeCores: node[name]}); math.Abs(got-c) > 1e-9 {
+			t.Errorf("%s: cores %v, want %v", name, got, c)
+		}
+	}
+	if !(res.Capacity["c8"] > 1.9*res.Capacity["c4"] && res.Capacity["c4"] > 1.9*res.Capacity["c2"] && res.Capacity["c2"] > 1.9*res.Capacity["c1"]) {
+		t.Errorf("capacities %v do not follow the ceilings 1:2:4:8 (%s: %s)", res.Capacity, res.Mode, res.Message)
 	}
 }

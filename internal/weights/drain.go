@@ -105,9 +105,9 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 		capRate: make([]float64, len(set)),
 		hot:     make([]bool, len(set)),
 	}
-	for i, pod := range set {
+	for i := range set {
 		ps := sig.pods[i]
-		ds.hot[i] = ps.hasCPU && knownCores(pod) && ps.cpu >= saturatedUse*pod.Cores
+		ds.hot[i] = ps.saturated()
 	}
 	if !ds.active || !fromRequests {
 		for _, pod := range set {
@@ -156,8 +156,8 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 		}
 		ps := sig.pods[i]
 		ds.capRate[i] = ps.requests
-		if knownCores(pod) {
-			ds.capRate[i] = max(ps.requests, ps.requests/ps.cpu*pod.Cores)
+		if ps.limit > 0 {
+			ds.capRate[i] = max(ps.requests, ps.requests/ps.cpu*ps.limit)
 		}
 		sent := math.Sqrt(shares[i].lo*shares[i].hi) * ds.total
 		threshold := max(minDeficit*shares[i].lo*ds.total*w, deficitSigmas*math.Sqrt(ps.requests*w+1))
@@ -166,7 +166,7 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 		before := st.backlogAt(now.Add(-e.params.QueryWindow), e.params.QueryWindow)
 		var q float64
 		switch {
-		case knownCores(pod) && !ds.hot[i] && !grew:
+		case ps.limit > 0 && !ds.hot[i] && !grew:
 			// It had idle moments in the window, when its queue was empty,
 			// and it was not sent more than it served: no queue now.
 			q = 0

@@ -42,10 +42,18 @@ type Engine struct {
 	// lastLearned is the Learned of the last result: false means the
 	// operator runs LEAST_REQUEST, where traffic does not follow weights.
 	lastLearned bool
+	// appliedSince is when the engine's weights first became live (Applied
+	// or Seed); zero before. Before it the Service ran on whatever it had
+	// (Istio's LEAST_REQUEST over equal weights, as a rule), whose traffic
+	// shares no weight tells, so CPU alone measures no speed over it.
+	appliedSince time.Time
 
 	// offered is the load the pods served at the last cycle with data, in
 	// busy cores times speed per core (see split.go); 0 when unknown.
 	offered float64
+	// splitLoad is the load the latency split is computed for this cycle,
+	// 0 when it is not to be used (see targets).
+	splitLoad float64
 
 	started    bool
 	lastGood   time.Time // last observation with data; starts the expiry clock
@@ -91,6 +99,9 @@ type podState struct {
 	// cores.go), 0 when none; coresMeasured counts the observations in it.
 	cores         float64
 	coresMeasured int
+	// ceiling averages the CPU the pod could have used (its own plus its
+	// share of its node's idle CPU) over cycles; 0 when unknown.
+	ceiling float64
 
 	// hot: at the last cycle the pod's CPU was at its Cores limit.
 	hot bool
@@ -135,6 +146,9 @@ func (e *Engine) Seed(now time.Time, w map[string]uint32) {
 	e.history.reset(now, clean)
 	e.live, e.liveAt, e.liveKnown = clean, now, true
 	e.unapplied = false
+	if e.appliedSince.IsZero() {
+		e.appliedSince = now.Add(-e.params.horizon())
+	}
 	for _, st := range e.pods {
 		st.drain, st.liveDrain = 0, 0
 	}
@@ -174,6 +188,9 @@ func (e *Engine) Applied(now time.Time, w map[string]uint32) {
 	e.history.record(now, clean, e.mergeBucket())
 	e.history.prune(now.Add(-e.params.horizon() - time.Second))
 	e.live, e.liveAt, e.liveKnown = clean, now, true
+	if e.appliedSince.IsZero() {
+		e.appliedSince = now
+	}
 	if e.unapplied && sameWeights(clean, e.last) {
 		e.unapplied = false
 	}
@@ -238,16 +255,27 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		return e.finish(now, set, ModeLowLoad, e.holdProposal(now, set, true), false, msg).Result
 	}
 
+	e.smoothCeilings(set, sig)
 	shares := e.windowShares(now, set)
 	learned := e.learn(now, set, sig, shares)
 	e.lastFromRequests = learned.fromRequests
 	e.lastWithLatency = sig.withLatency > 0
 	e.estimateCores(now, set, sig, shares)
-	if load := e.offeredLoad(set, sig); load > 0 && e.offered > 0 {
+	load := e.offeredLoad(set, sig)
+	if load > 0 && e.offered > 0 {
 		// Averaged, so that the noise of one window does not move weights.
 		e.offered = math.Exp((1-offeredGain)*math.Log(e.offered) + offeredGain*math.Log(load))
 	} else {
 		e.offered = load
+	}
+	// The latency split is for a Service with room to spare: by the
+	// average and by this window (a load that rises is not averaged
+	// away), and with no pod at its limit.
+	e.splitLoad = max(e.offered, load)
+	for _, ps := range sig.pods {
+		if ps.saturated() {
+			e.splitLoad = 0
+		}
 	}
 	ds := e.trackBacklogs(now, set, sig, shares, learned.fromRequests)
 	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {

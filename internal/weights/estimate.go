@@ -11,6 +11,17 @@ import (
 type podSignal struct {
 	cpu, requests, latency          float64
 	hasCPU, hasRequests, hasLatency bool
+	// limit is the most CPU the pod could use this cycle: its Cores
+	// limit, else (see ceilings) its own CPU plus its share of what its
+	// node left idle; 0 when unknown.
+	limit float64
+	// nodeCPU is the CPU in use on its node (Signal.NodeCPU), 0 if unknown.
+	nodeCPU float64
+}
+
+// saturated reports whether the pod used all the CPU it could.
+func (ps podSignal) saturated() bool {
+	return ps.hasCPU && ps.limit > 0 && ps.cpu >= saturatedUse*ps.limit
 }
 
 // signals is the observation reduced to the current set, in set order.
@@ -47,6 +58,9 @@ func readSignals(set []Pod, obs map[string]Signal) signals {
 			ps.latency, ps.hasLatency = raw.Latency, true
 			s.withLatency++
 		}
+		if usable(raw.NodeCPU) && raw.NodeCPU > 0 {
+			ps.nodeCPU = raw.NodeCPU
+		}
 		if ps.hasCPU && ps.cpu > 0 && ps.hasRequests && ps.requests > 0 {
 			s.withRequests++
 		}
@@ -54,6 +68,7 @@ func readSignals(set []Pod, obs map[string]Signal) signals {
 	if s.withCPU > 0 {
 		s.meanCPU = total / float64(s.withCPU)
 	}
+	ceilings(set, s.pods)
 	return s
 }
 
@@ -127,6 +142,15 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan
 		return stats
 	}
 	scale := e.fitScale(set, sightings)
+	// A saturated pod seen for the first time shows only a bound, which its
+	// own (too large) share sets: it starts no higher than the pods known.
+	var knownCaps []float64
+	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil && st.known {
+			knownCaps = append(knownCaps, st.capacity)
+		}
+	}
+	typical := median(knownCaps)
 
 	var residuals []float64
 	for _, s := range sightings {
@@ -140,6 +164,9 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan
 		sharp := !s.saturated && s.hi <= sharpRange*s.lo && settled
 		if !st.known {
 			st.capacity = clampCapacity(pointOf(s) / scale)
+			if s.saturated && typical > 0 {
+				st.capacity = min(st.capacity, typical)
+			}
 			st.known = true
 			if sharp {
 				st.measurements = 1
@@ -215,17 +242,27 @@ func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan
 
 	// Saturation is only meaningful when some pods have room to spare.
 	useSum, useCount := 0.0, 0
-	for i, pod := range set {
-		if ps := sig.pods[i]; ps.hasCPU && knownCores(pod) {
-			useSum += ps.cpu / pod.Cores
+	for i := range set {
+		if ps := sig.pods[i]; ps.hasCPU && ps.limit > 0 {
+			useSum += ps.cpu / ps.limit
 			useCount++
 		}
 	}
 	judgeSaturation := useCount > 0 && useSum/float64(useCount) < saturationOnlyBelow
 
+	// With CPU alone a pod's speed is its traffic share per CPU-second,
+	// and the share follows the engine's weights only once they are live:
+	// not over the Service's history before them, when Istio's
+	// LEAST_REQUEST sent more to the pods that keep up. (A dry run never
+	// applies weights: Envoy is taken to balance evenly, see windowShares.)
+	sharesFollowWeights := e.appliedSince.IsZero() || !now.Add(-e.params.horizon()).Before(e.appliedSince)
+
 	var out []sighting
 	for i, pod := range set {
 		ps := sig.pods[i]
+		if !fromRequests && !sharesFollowWeights {
+			break
+		}
 		if !ps.hasCPU || ps.cpu <= 0 {
 			continue
 		}
@@ -250,11 +287,11 @@ func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan
 			// is sent, so then the two rates agree however they align.
 			perCPU := ps.requests / ps.cpu
 			spread := (shareHi/shareLo - 1) * misalignment
-			if knownCores(pod) && ps.cpu >= saturatedUse*pod.Cores {
+			if ps.saturated() {
 				spread = 0
 			}
 			s.lo, s.hi = perCPU/(1+spread), perCPU*(1+spread)
-		case judgeSaturation && knownCores(pod) && ps.cpu >= saturatedUse*pod.Cores:
+		case judgeSaturation && ps.saturated():
 			// Busy all the time: it was sent more than it could serve, so
 			// share/CPU only bounds its speed from above. A pod already
 			// estimated must look saturated twice in a row, since noise
@@ -457,7 +494,7 @@ func (e *Engine) targets(set []Pod) []float64 {
 			caps[i] = min(max(caps[i]*math.Pow(perCore[i], tilt), 1e-12), 1e12)
 		}
 	}
-	if !e.params.MinimizeLatency || !(e.offered > 0) {
+	if !e.params.MinimizeLatency || !(e.splitLoad > 0) {
 		return caps
 	}
 	cores := make([]float64, len(set))
@@ -473,11 +510,11 @@ func (e *Engine) targets(set []Pod) []float64 {
 	// not at all from splitNoneFrom of its capacity up, where capacity
 	// shares (the product's contract for ROUND_ROBIN) are what the
 	// Service needs; in between, the two are blended linearly.
-	use := e.offered / capacity
+	use := e.splitLoad / capacity
 	if !(use < splitNoneFrom) {
 		return caps
 	}
-	split, ok := latencySplit(cores, perCore, e.offered)
+	split, ok := latencySplit(cores, perCore, e.splitLoad)
 	if !ok {
 		return caps
 	}

@@ -27,7 +27,7 @@ func (e *Engine) settled(pod Pod, fromRequests bool) bool {
 	if st.drainOr1() < 1 {
 		return false // held off its capacity
 	}
-	if !knownCores(pod) && fromRequests && e.lastWithLatency && st.coresMeasured == 0 {
+	if !knownCores(pod) && fromRequests && e.lastWithLatency && st.coresMeasured == 0 && st.ceiling <= 0 {
 		return false // its cores are a guess until the latency measures them
 	}
 	return true

@@ -111,9 +111,11 @@ func newClosedLoop(t *testing.T, cfg loopConfig) *closedLoop {
 	if l.maxQueue == 0 {
 		l.maxQueue = defaultMaxQueue
 	}
+	// They are the engine's own (the operator's first write), so CPU
+	// alone may learn from the traffic shares they set.
 	l.live = l.engine.Weights(l.now, l.pods)
-	l.run(2 * time.Minute)
 	l.engine.Applied(l.now, l.live)
+	l.run(2 * time.Minute)
 	l.nextCycle = l.now.Add(l.cycle)
 	return l
 }

@@ -51,7 +51,7 @@ func (o *optimizerCtl) pods(s *sim) []weights.Pod {
 	for _, h := range s.hosts {
 		p := &s.pods[h]
 		wp := weights.Pod{Name: p.name, Locality: p.locality, HardwareClass: p.class,
-			Cores: float64(p.cores), CPURequest: p.cpuRequest, NodeCores: p.nodeCores}
+			Cores: float64(p.cores), CPURequest: p.cpuRequest, NodeCores: p.nodeCores, Node: p.name}
 		if p.noLimit {
 			wp.Cores = 0 // what CPULimit returns for a container without a limit
 		}
@@ -93,6 +93,7 @@ func (o *optimizerCtl) cycle(s *sim) {
 		if !ok {
 			continue
 		}
+		node, _ := s.promRate(h, seriesNode)
 		req, lat := math.NaN(), math.NaN()
 		if !o.cpuOnly {
 			req, _ = s.promRate(h, seriesReqs)
@@ -100,7 +101,7 @@ func (o *optimizerCtl) cycle(s *sim) {
 				lat = latSum / req
 			}
 		}
-		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat}
+		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node}
 	}
 	res := o.eng.Update(o.pods(s), obs)
 	s.modes[string(res.Mode)]++

@@ -55,6 +55,20 @@ type Scenario struct {
 	// ReportWindow is the window over which a backend measures the qps and
 	// CPU utilisation it reports to cswrr clients (ORCA). Default 1s.
 	ReportWindow Duration `json:"report_window,omitempty"`
+	// NodeNoise is how far the CPU used by a pod's neighbours on its node
+	// strays from its mean (nodeCores - cores), as a fraction, redrawn
+	// uniformly at every scrape (default 0.1; 0 = none). It makes the
+	// node's idle CPU, which the optimizer reads for pods without a limit,
+	// an imperfect measure of what the pod can use.
+	NodeNoise *float64 `json:"node_noise,omitempty"`
+}
+
+// nodeNoise is NodeNoise or its default.
+func (sc *Scenario) nodeNoise() float64 {
+	if sc.NodeNoise == nil {
+		return 0.1
+	}
+	return *sc.NodeNoise
 }
 
 // PodGroup is Count identical pods named Name-0 .. Name-(Count-1).
@@ -235,6 +249,9 @@ func (sc *Scenario) defaultAndValidate() error {
 	}
 	if sc.ReportWindow.Duration == 0 {
 		sc.ReportWindow = dur(1)
+	}
+	if n := sc.nodeNoise(); !(n >= 0 && n <= 1) {
+		bad("node_noise %v: want 0 to 1", n)
 	}
 	if sc.Clients == 0 {
 		sc.Clients = 1

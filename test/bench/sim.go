@@ -105,7 +105,7 @@ type queued struct {
 	client int32
 }
 
-type promSample struct{ t, cpu, req, latSum float64 }
+type promSample struct{ t, cpu, req, latSum, node float64 }
 
 // promSeries names a scraped counter of a pod.
 type promSeries uint8
@@ -114,6 +114,7 @@ const (
 	seriesCPU    promSeries = iota // container_cpu_usage_seconds_total
 	seriesReqs                     // istio_requests_total (reporter=destination)
 	seriesLatSum                   // istio_request_duration_milliseconds_sum (in seconds here)
+	seriesNode                     // container_cpu_usage_seconds_total{id="/"} of the pod's node
 )
 
 const promRing = 32
@@ -141,6 +142,11 @@ type simPod struct {
 	// from a request's arrival at the pod to its response, queue included.
 	latSum float64
 	phase  float64 // scrape / report phase
+	// neighbours counts the CPU-seconds the other tenants of the pod's
+	// node used (nodeCores - cores on average, see scrape); with cpu it
+	// makes the node's root-cgroup counter.
+	neighbours, neighRate, neighT float64
+	neighRNG                      *rand.Rand
 
 	// measurement window (utilisation)
 	mStart, mEnd       float64
@@ -321,7 +327,8 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 				name: n, class: g.HardwareClass, locality: g.Locality,
 				cores: int32(g.Cores), speed: g.Speed, initial: initial,
 				noLimit: g.NoLimit, cpuRequest: g.CPURequest, nodeCores: g.NodeCores,
-				phase: phases.Float64(),
+				phase:    phases.Float64(),
+				neighRNG: rand.New(rand.NewPCG(splitmix(sc.Seed^0x9e1b), splitmix(uint64(len(s.pods))))),
 			})
 		}
 	}
@@ -774,7 +781,13 @@ func (s *sim) scrape(h int32) {
 		return
 	}
 	p.advance(s.now)
-	p.samples[p.sN%promRing] = promSample{t: s.now, cpu: p.cpu, req: p.reqs, latSum: p.latSum}
+	// The node's other tenants use what the pod's cores leave of the
+	// node, give or take NodeNoise, redrawn at every scrape: the node's
+	// idle CPU is no exact measure of the pod's cores.
+	p.neighbours += p.neighRate * (s.now - p.neighT)
+	p.neighT = s.now
+	p.neighRate = max(0, p.nodeCores-float64(p.cores)) * (1 + s.sc.nodeNoise()*(2*p.neighRNG.Float64()-1))
+	p.samples[p.sN%promRing] = promSample{t: s.now, cpu: p.cpu, req: p.reqs, latSum: p.latSum, node: p.neighbours + p.cpu}
 	p.sN++
 	if next := s.now + s.scrapeEvery; next <= s.end {
 		s.push(event{t: next, kind: evScrape, pod: h})
@@ -799,6 +812,8 @@ func (s *sim) promRate(h int32, series promSeries) (float64, bool) {
 				vs[n] = x.cpu
 			case seriesReqs:
 				vs[n] = x.req
+			case seriesNode:
+				vs[n] = x.node
 			default:
 				vs[n] = x.latSum
 			}

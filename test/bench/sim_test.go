@@ -511,5 +511,15 @@ seed: 1
 		if !ok1 || !ok2 || !(sum/n >= 0.01*0.5) || sum/n > 1 {
 			t.Errorf("%s: mean latency %v s from the scraped histogram, want about the 10 ms of work or more", s.pods[h].name, sum/n)
 		}
+		// The node's root cgroup: the pod's CPU plus its neighbours',
+		// who use what the pod's cores leave of the node, give or take
+		// the default 10%.
+		p := &s.pods[h]
+		node, ok1 := s.promRate(h, seriesNode)
+		cpu, ok2 := s.promRate(h, seriesCPU)
+		neighbours := p.nodeCores - float64(p.cores)
+		if !ok1 || !ok2 || node-cpu < 0.9*neighbours-1e-9 || node-cpu > 1.1*neighbours+1e-9 {
+			t.Errorf("%s: node CPU %v minus pod CPU %v, want the neighbours' %v ± 10%%", p.name, node, cpu, neighbours)
+		}
 	}
 }

@@ -60,7 +60,7 @@ func worstMinute(a, b string) func(map[string]StrategyResult) float64 {
 
 const (
 	whyWRRSlowdown = "under ROUND_ROBIN the slowed pod is sent 3x what it serves until the first cycle after the change (30 s): ~2900 queued before any data can show it, 0.4% of the requests after it; only a queue-aware balancer (optimizer_lr) avoids that"
-	whyCPUOnly     = "without request metrics neither a backlog nor the cores of a pod without a limit can be measured"
+	whyCPUOnly     = "without request metrics a backlog cannot be measured, and a pod whose speed is unknown and that is at its CPU limit shows only a bound: at 85-90% load the first minutes leave backlogs that CPU alone cannot see or drain in time"
 )
 
 // Targets are issue 4's and issue 10's goals.
@@ -101,7 +101,7 @@ var Targets = []Target{
 	{Name: "nolimits-4class: optimizer p99 ≤ 1.1x wrr_oracle", Scenario: "nolimits-4class.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x"},
 	{Name: "nolimits-4class: optimizer_cpu p99 ≤ 1.1x wrr_oracle", Scenario: "nolimits-4class.yaml",
-		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.1, Unit: "x", Miss: whyCPUOnly},
+		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.1, Unit: "x"},
 	{Name: "nolimits-mix1248: optimizer p99 ≤ 1.1x wrr_oracle", Scenario: "nolimits-mix1248.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x"},
 	{Name: "nolimits-mix1248: optimizer_cpu p99 ≤ 1.1x wrr_oracle", Scenario: "nolimits-mix1248.yaml",
