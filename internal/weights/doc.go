@@ -36,12 +36,21 @@
 // not what it was sent: with CPU alone its speed is then only bounded from
 // above, and its estimate is cut below that bound, deeper each cycle it
 // stays saturated, until a cycle without saturation measures it exactly.
+// A pod first seen saturated starts no higher than the median of the pods
+// already known: its bound is set by its own share, too large by an
+// unknown amount.
 //
 // # Pods without CPU limits
 //
-// A pod without a limit (Cores 0) can use what its node leaves it, which no
-// API reports, and its capacity is its speed per core times those cores.
-// The sidecar's latency (Signal.Latency, Istio's request duration at the
+// A pod without a limit (Cores 0) can use what its node leaves it, and its
+// capacity is its speed per core times those cores. The node's CPU in use
+// (Signal.NodeCPU, cAdvisor's root cgroup) shows that ceiling: the pod's
+// own CPU plus what its node (Pod.NodeCores) left idle, shared by the
+// set's pods on that node (Pod.Node) in proportion to their use, averaged
+// over cycles (ceilingGain) since neighbours come and go. The ceiling
+// stands in for a limit: a pod at it is saturated, and it bounds the
+// cores the latency shows; with CPU alone it is the cores. The sidecar's
+// latency (Signal.Latency, Istio's request duration at the
 // destination) shows them: with u busy cores, s = u/requests CPU-seconds
 // per request and mean latency L, the mean wait over the service time,
 // (L-s)/s, is what an M/M/c queue of c cores shows at u busy cores,
@@ -86,7 +95,8 @@
 //
 // Each cycle:
 //
-//  0. With MinimizeLatency (the default) and the pods' CPU known, the
+//  0. With MinimizeLatency (the default), the pods' CPU known and no pod
+//     at its limit (a Service with a saturated pod has no room to spare), the
 //     traffic is split to minimise the mean time of a request: every pod
 //     in use gets the traffic at which its marginal cost, (1/v)(1 +
 //     d(rho w)/d rho) for speed per core v, utilisation rho and w the
@@ -98,7 +108,9 @@
 //     full below 40% of the capacity and blended linearly into step 1's
 //     capacity shares by 60%: a busy Service needs even utilisation, and
 //     ROUND_ROBIN's contract is capacity-proportional traffic. Without CPU
-//     data for every pod, step 1 applies alone.
+//     data for every pod, step 1 applies alone. The load is the larger of
+//     the average and the last window's, so a rising load is not averaged
+//     away.
 //  1. Weights are proportional to capacity times (speed per core)^SpeedTilt,
 //     with mean MeanWeight, and kept within MaxRatio of the mean (gRPC
 //     clients clip at 0.1x to 10x). Capacity shares equalise utilisation,
@@ -191,8 +203,11 @@
 // operator keeps Envoy's LEAST_REQUEST, which reacts to queues within a
 // request and is never worse than the Service's default, and uses weighted
 // ROUND_ROBIN once Learned. With CPU alone the speed is learned through
-// traffic shares, which follow the weights only under ROUND_ROBIN, so
-// estimates from data count as settled from the first cycle.
+// traffic shares, which follow the engine's weights only once they are
+// live: nothing is learned from windows that reach back before the first
+// Applied (or Seed), when the Service ran on Istio's LEAST_REQUEST over
+// equal weights and the pods that keep up got more than their share.
+// Estimates from data then count as settled from their first cycle.
 //
 // # Using it
 //
