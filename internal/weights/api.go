@@ -113,6 +113,13 @@ type Signal struct {
 	// its own CPU plus what its node leaves idle. Optional; 0 (a node with
 	// a pod on it is never at 0) or no data = unknown.
 	NodeCPU float64
+	// RecentCPU is the pod's CPU over the last moments of the window, in
+	// cores: a rate over two scrape intervals (the shortest Prometheus'
+	// rate() can take). A pod that has just reached its CPU limit shows
+	// it here a cycle before the window's rate does, so it is drained and
+	// LEAST_REQUEST steers around its queue that much sooner. Optional;
+	// 0 or no data = unknown.
+	RecentCPU float64
 }
 
 // Observation is one cycle's query result.

@@ -17,11 +17,15 @@ type podSignal struct {
 	limit float64
 	// nodeCPU is the CPU in use on its node (Signal.NodeCPU), 0 if unknown.
 	nodeCPU float64
+	// recentCPU is its CPU over the end of the window (Signal.RecentCPU),
+	// 0 if unknown.
+	recentCPU float64
 }
 
-// saturated reports whether the pod used all the CPU it could.
+// saturated reports whether the pod used all the CPU it could, over the
+// window or lately.
 func (ps podSignal) saturated() bool {
-	return ps.hasCPU && ps.limit > 0 && ps.cpu >= saturatedUse*ps.limit
+	return ps.hasCPU && ps.limit > 0 && max(ps.cpu, ps.recentCPU) >= saturatedUse*ps.limit
 }
 
 // signals is the observation reduced to the current set, in set order.
@@ -60,6 +64,9 @@ func readSignals(set []Pod, obs map[string]Signal) signals {
 		}
 		if usable(raw.NodeCPU) && raw.NodeCPU > 0 {
 			ps.nodeCPU = raw.NodeCPU
+		}
+		if usable(raw.RecentCPU) {
+			ps.recentCPU = raw.RecentCPU
 		}
 		if ps.hasCPU && ps.cpu > 0 && ps.hasRequests && ps.requests > 0 {
 			s.withRequests++
@@ -298,8 +305,12 @@ func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan
 			// alone can show a busy pod at its limit once.
 			// While it stays saturated, each cycle cuts deeper (as TCP
 			// backs off), since the overload is unknown.
+			// Saturated again within a query window counts as staying
+			// saturated: while the operator keeps LEAST_REQUEST (not
+			// Learned) a saturated pod gets relief in between, and its
+			// weight must still come down before ROUND_ROBIN returns.
 			st := e.state(pod.Name)
-			if st.saturatedAt.Equal(e.lastUpdate) && !e.lastUpdate.IsZero() {
+			if !st.saturatedAt.IsZero() && !e.lastUpdate.IsZero() && !st.saturatedAt.Before(e.lastUpdate.Add(-e.params.horizon())) {
 				st.saturatedCycles++
 			} else {
 				st.saturatedCycles = 0

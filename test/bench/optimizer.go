@@ -94,6 +94,8 @@ func (o *optimizerCtl) cycle(s *sim) {
 			continue
 		}
 		node, _ := s.promRate(h, seriesNode)
+		// The operator's recent CPU: rate() over two scrape intervals.
+		recent, _ := s.promRateOver(h, seriesCPU, 2*s.scrapeEvery)
 		req, lat := math.NaN(), math.NaN()
 		if !o.cpuOnly {
 			req, _ = s.promRate(h, seriesReqs)
@@ -101,7 +103,7 @@ func (o *optimizerCtl) cycle(s *sim) {
 				lat = latSum / req
 			}
 		}
-		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node}
+		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent}
 	}
 	res := o.eng.Update(o.pods(s), obs)
 	s.modes[string(res.Mode)]++

@@ -798,10 +798,15 @@ func (s *sim) scrape(h int32) {
 // samples in (now-window, now], extrapolated like Prometheus does. ok=false
 // with fewer than two samples.
 func (s *sim) promRate(h int32, series promSeries) (float64, bool) {
+	return s.promRateOver(h, series, s.rateWindow)
+}
+
+// promRateOver is promRate over another window.
+func (s *sim) promRateOver(h int32, series promSeries, window float64) (float64, bool) {
 	p := &s.pods[h]
 	var ts, vs [promRing]float64
 	n := 0
-	lo := s.now - s.rateWindow
+	lo := s.now - window
 	first := max(0, p.sN-promRing)
 	for i := first; i < p.sN; i++ {
 		x := p.samples[i%promRing]
