@@ -109,6 +109,7 @@ func ceilings(set []Pod, pods []podSignal) {
 // and go and its idle CPU is read from another series than the pod's, and
 // makes the average the pod's limit this cycle.
 func (e *Engine) smoothCeilings(set []Pod, sig signals) {
+	fromRequests := usesRequests(sig)
 	for i, pod := range set {
 		ps := &sig.pods[i]
 		if knownCores(pod) || ps.limit <= 0 {
@@ -120,8 +121,19 @@ func (e *Engine) smoothCeilings(set []Pod, sig signals) {
 		} else {
 			st.ceiling = math.Exp((1-ceilingGain)*math.Log(st.ceiling) + ceilingGain*math.Log(ps.limit))
 		}
-		// It used what it used, whatever the average says.
-		ps.limit = max(st.ceiling, ps.cpu)
+		// With CPU alone, being at its limit is the only sign that a pod
+		// is overloaded, so saturation is judged against the lower of
+		// this window's ceiling and the average: the idle CPU a saturated
+		// pod's node shows is noise around zero, which the average holds
+		// above its use. With request rates a backlog is measured, and a
+		// false alarm (a drain, LEAST_REQUEST for a cycle) costs more than
+		// it saves: the average alone. It used what it used, whatever
+		// either says.
+		limit := st.ceiling
+		if !fromRequests {
+			limit = min(limit, ps.limit)
+		}
+		ps.limit = max(limit, ps.cpu)
 	}
 }
 

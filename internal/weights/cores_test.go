@@ -229,3 +229,46 @@ func TestCPUOnlyWeightsFollowCeilings(t *testing.T) {
 		t.Errorf("capacities %v do not follow the ceilings 1:2:4:8 (%s: %s)", res.Capacity, res.Mode, res.Message)
 	}
 }
+
+// A pod that reached its limit only at the end of the window is
+// saturated by its recent CPU, a cycle before the window's rate shows it;
+// an unknown recent CPU changes nothing.
+func TestRecentCPUShowsSaturationSooner(t *testing.T) {
+	set := []Pod{{Name: "a", Cores: 2}, {Name: "b", Cores: 2}}
+	for _, tc := range []struct {
+		recent float64
+		want   bool
+	}{{2.0, true}, {1.7, false}, {0, false}, {math.NaN(), false}} {
+		sig := readSignals(set, map[string]Signal{
+			"a": {CPU: 1.8, RecentCPU: tc.recent},
+			"b": {CPU: 1.0},
+		})
+		if got := sig.pods[0].saturated(); got != tc.want {
+			t.Errorf("CPU 1.8 over the window, %v lately, limit 2: saturated %v, want %v", tc.recent, got, tc.want)
+		}
+	}
+}
+
+// With CPU alone a pod without a limit is judged saturated against the
+// lower of this window's ceiling and the average, since its node's idle
+// CPU is noise around zero once it is saturated; with request rates the
+// average alone is used.
+func TestSaturationAgainstNoisyCeilings(t *testing.T) {
+	set := []Pod{{Name: "p", NodeCores: 4, Node: "n"}}
+	e := New(DefaultParams())
+	// Earlier windows: the node showed 0.3 idle beside 2 busy cores.
+	for range 4 {
+		sig := readSignals(set, map[string]Signal{"p": {CPU: 2, NodeCPU: 3.7, Requests: math.NaN()}})
+		e.smoothCeilings(set, sig)
+	}
+	cpuOnly := readSignals(set, map[string]Signal{"p": {CPU: 2, NodeCPU: 4, Requests: math.NaN()}})
+	e.smoothCeilings(set, cpuOnly)
+	if !cpuOnly.pods[0].saturated() {
+		t.Errorf("CPU alone: limit %v, CPU 2 with nothing idle now: not saturated", cpuOnly.pods[0].limit)
+	}
+	withRequests := readSignals(set, map[string]Signal{"p": {CPU: 2, NodeCPU: 4, Requests: 100}})
+	e.smoothCeilings(set, withRequests)
+	if withRequests.pods[0].saturated() {
+		t.Errorf("request rates: limit %v (the average), CPU 2: saturated on one window's noise", withRequests.pods[0].limit)
+	}
+}

@@ -170,7 +170,12 @@
 //   - A pod whose CPU is at its Cores limit without a measured backlog
 //     (no request rates, or a backlog built before the engine looked) is
 //     overloaded by an unknown amount: it gets 0.8 of its capacity weight
-//     until its CPU drops.
+//     until its CPU drops. "At its limit" is judged over the window and
+//     over its last two scrape intervals (Signal.RecentCPU), so a pod
+//     that just slowed down is drained, and LEAST_REQUEST kept, a cycle
+//     sooner. For a pod without a limit the limit is its ceiling (above);
+//     with CPU alone, the lower of this window's and the average, as the
+//     idle CPU a saturated pod's node shows is noise around zero.
 //   - The traffic taken off goes to the other pods, at most as much as
 //     keeps their CPU below 95% of their limits: when the whole Service is
 //     overloaded, nothing is drained.
