@@ -60,7 +60,7 @@ func worstMinute(a, b string) func(map[string]StrategyResult) float64 {
 
 const (
 	whyWRRSlowdown = "under ROUND_ROBIN the slowed pod is sent 3x what it serves until the first cycle after the change (30 s): ~2900 queued before any data can show it, 0.4% of the requests after it; only a queue-aware balancer (optimizer_lr) avoids that"
-	whyCPUOnly     = "without request metrics a backlog cannot be measured, and a pod whose speed is unknown and that is at its CPU limit shows only a bound: at 85-90% load the first minutes leave backlogs that CPU alone cannot see or drain in time"
+	whyCPUOnly     = "without request metrics a backlog cannot be measured and a pod at its limit shows only a bound on its speed; without a limit that limit is read from the node's idle CPU, which is noisy: at 80-90% load the few backlogs that builds are drained late"
 )
 
 // Targets are issue 4's and issue 10's goals.
@@ -89,7 +89,7 @@ var Targets = []Target{
 	{Name: "slowdown: optimizer_lr p99.9 after the change ≤ 2 s", Scenario: "slowdown.yaml",
 		Strategies: []string{"optimizer_lr"}, Value: p999After("optimizer_lr"), Max: 2000, Unit: "ms"},
 	{Name: "slowdown: optimizer_cpu p99 after the change ≤ 3x the oracle's", Scenario: "slowdown.yaml",
-		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: afterRatio("optimizer_cpu", "wrr_oracle"), Max: 3, Unit: "x", Miss: whyCPUOnly},
+		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: afterRatio("optimizer_cpu", "wrr_oracle"), Max: 3, Unit: "x"},
 	{Name: "hetero3-80-cold: optimizer p99 from opt-in ≤ 1.3x wrr_oracle", Scenario: "hetero3-80-cold.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.3, Unit: "x"},
 	{Name: "hetero3-80-cold: optimizer p99 no worse than lr in any minute", Scenario: "hetero3-80-cold.yaml",
