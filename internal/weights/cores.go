@@ -121,19 +121,20 @@ func (e *Engine) smoothCeilings(set []Pod, sig signals) {
 		} else {
 			st.ceiling = math.Exp((1-ceilingGain)*math.Log(st.ceiling) + ceilingGain*math.Log(ps.limit))
 		}
+		if fromRequests {
+			// With request rates a backlog is measured, and a pod near its
+			// ceiling judged saturated by the node's noise would be drained
+			// and LEAST_REQUEST kept for nothing: the ceiling only bounds
+			// its cores (coresOf).
+			ps.limit = 0
+			continue
+		}
 		// With CPU alone, being at its limit is the only sign that a pod
 		// is overloaded, so saturation is judged against the lower of
 		// this window's ceiling and the average: the idle CPU a saturated
 		// pod's node shows is noise around zero, which the average holds
-		// above its use. With request rates a backlog is measured, and a
-		// false alarm (a drain, LEAST_REQUEST for a cycle) costs more than
-		// it saves: the average alone. It used what it used, whatever
-		// either says.
-		limit := st.ceiling
-		if !fromRequests {
-			limit = min(limit, ps.limit)
-		}
-		ps.limit = max(limit, ps.cpu)
+		// above its use. It used what it used, whatever either says.
+		ps.limit = max(min(st.ceiling, ps.limit), ps.cpu)
 	}
 }
 
@@ -153,19 +154,21 @@ func coresBounds(pod Pod) (lo, hi float64) {
 }
 
 // coresOf returns the cores the engine takes the pod to have: its limit,
-// else its estimate, else the middle of its bounds; 0 when nothing is known.
+// else its estimate from the latency, else its ceiling (what its node
+// leaves it), else the middle of its bounds; 0 when nothing is known.
 func (e *Engine) coresOf(pod Pod) float64 {
 	if knownCores(pod) {
 		return pod.Cores
 	}
-	if st := e.pods[pod.Name]; st != nil && (st.cores > 0 || st.ceiling > 0) {
-		switch {
-		case st.cores <= 0:
-			return st.ceiling
-		case st.ceiling <= 0:
+	if st := e.pods[pod.Name]; st != nil {
+		// The latency's measure first: the node's idle CPU is noisier
+		// (the neighbours' use varies) and only stands in without it.
+		if st.cores > 0 {
 			return st.cores
 		}
-		return min(st.cores, st.ceiling)
+		if st.ceiling > 0 {
+			return st.ceiling
+		}
 	}
 	lo, hi := coresBounds(pod)
 	switch {

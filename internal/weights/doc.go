@@ -47,9 +47,11 @@
 // (Signal.NodeCPU, cAdvisor's root cgroup) shows that ceiling: the pod's
 // own CPU plus what its node (Pod.NodeCores) left idle, shared by the
 // set's pods on that node (Pod.Node) in proportion to their use, averaged
-// over cycles (ceilingGain) since neighbours come and go. The ceiling
-// stands in for a limit: a pod at it is saturated, and it bounds the
-// cores the latency shows; with CPU alone it is the cores. The sidecar's
+// over cycles (ceilingGain) since neighbours come and go. With CPU alone
+// the ceiling stands in for a limit: it is the pod's cores, and a pod at
+// it is saturated. With request rates it is the cores only until the
+// latency measures them (below), and saturation is not judged by it: the
+// node's idle CPU is noisy, and there a backlog is measured. The sidecar's
 // latency (Signal.Latency, Istio's request duration at the
 // destination) shows them: with u busy cores, s = u/requests CPU-seconds
 // per request and mean latency L, the mean wait over the service time,
@@ -173,8 +175,8 @@
 //     until its CPU drops. "At its limit" is judged over the window and
 //     over its last two scrape intervals (Signal.RecentCPU), so a pod
 //     that just slowed down is drained, and LEAST_REQUEST kept, a cycle
-//     sooner. For a pod without a limit the limit is its ceiling (above);
-//     with CPU alone, the lower of this window's and the average, as the
+//     sooner. With CPU alone, a pod without a limit is at its limit at
+//     the lower of this window's ceiling (above) and the average, as the
 //     idle CPU a saturated pod's node shows is noise around zero.
 //   - The traffic taken off goes to the other pods, at most as much as
 //     keeps their CPU below 95% of their limits: when the whole Service is
