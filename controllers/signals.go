@@ -21,19 +21,29 @@ type Signals struct {
 	// NodeCPU: the CPU in use on the pods' nodes, which bounds what a pod
 	// without a CPU limit can use (its own CPU plus its node's idle CPU).
 	NodeCPU bool
+	// RecentCPU: the pods' CPU over the last two scrape intervals (the CPU
+	// query over that window), which shows a pod that has just reached its
+	// CPU limit a cycle sooner.
+	RecentCPU bool
 	// RequestsDisabled, LatencyDisabled and NodeCPUDisabled: the query is "-".
 	RequestsDisabled, LatencyDisabled, NodeCPUDisabled bool
+	// RecentCPUDisabled: the recent CPU query was not run (see
+	// recentCPUWindow).
+	RecentCPUDisabled bool
 }
 
-func signalsOf(s Settings, cpu bool, requests, latency, nodeCPU promsource.Result) Signals {
+func signalsOf(s Settings, cpu bool, requests, latency, nodeCPU, recentCPU promsource.Result) Signals {
 	return Signals{
 		CPU:              cpu,
 		Requests:         len(requests.Values) > 0,
 		Latency:          len(latency.Values) > 0,
 		NodeCPU:          len(nodeCPU.Values) > 0,
+		RecentCPU:        len(recentCPU.Values) > 0,
 		RequestsDisabled: s.RequestQuery == "",
 		LatencyDisabled:  s.LatencyQuery == "",
 		NodeCPUDisabled:  s.NodeCPUQuery == "",
+		// Not run: see recentCPUWindow.
+		RecentCPUDisabled: recentCPUWindow(s) == 0,
 	}
 }
 

@@ -164,11 +164,33 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 	if len(eps) == 0 {
 		return
 	}
-	now := l.Clock.Now()
 	pods := make([]string, 0, len(eps))
 	for _, ep := range eps {
 		pods = append(pods, ep.Pod)
 	}
+	obs, avail, ok := l.observe(ctx, logger, key, tgt, s, pods, l.Clock.Now())
+	if !ok {
+		return
+	}
+	out, eps, ok := l.Book.Update(key, s.Params, obs, s.DryRun)
+	if !ok {
+		return
+	}
+	out.Signals = l.Book.noteSignals(key, avail)
+	l.publish(tgt, eps, obs, out)
+	if out.Result.Changed {
+		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "message", out.Result.Message)
+	}
+	select {
+	case l.Wake <- event.GenericEvent{Object: wakeObject(key)}:
+	case <-ctx.Done():
+	}
+}
+
+// observe runs the cycle's queries for pods: the engine's observation and
+// which signals had data. false: the cycle was stopped (the optimizer was
+// deleted or the manager is stopping), and nothing may be recorded.
+func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings, pods []string, now time.Time) (weights.Observation, Signals, bool) {
 	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods, Window: s.Params.QueryWindow}
 	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(pods))}
 
@@ -177,7 +199,7 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 		// Stopped (the optimizer was deleted or the manager is stopping):
 		// nothing to count, and a series written now would outlive the
 		// deletion's ForgetOptimizer.
-		return
+		return obs, Signals{}, false
 	}
 	l.Metrics.QueryLatency.WithLabelValues(tgt.service, tgt.namespace).Set(cpu.Latency.Seconds())
 	var emptyCPU *promsource.EmptyResultError
@@ -195,49 +217,68 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 		l.Metrics.ReconcileError(weightControllerName, "query", key.Name, key.Namespace)
 		logger.Info("CPU query failed", "error", textutil.Printable(err.Error(), textutil.LogLimit))
 	}
-	var requests, latency, nodeCPU promsource.Result
+	var requests, latency, nodeCPU, recentCPU promsource.Result
 	if obs.Err == nil {
 		requests = l.optionalSignal(ctx, logger, tgt, "requests", s.RequestQuery, qt, now)
 		latency = l.optionalSignal(ctx, logger, tgt, "latency", s.LatencyQuery, qt, now)
 		nodeCPU = l.optionalSignal(ctx, logger, tgt, "node_cpu", s.NodeCPUQuery, qt, now)
+		if w := recentCPUWindow(s); w > 0 {
+			// The CPU query again, over the last two scrape intervals.
+			rt := qt
+			rt.Window = w
+			recentCPU = l.optionalSignal(ctx, logger, tgt, "recent_cpu", s.CPUQuery, rt, now)
+		}
 	}
 	// Series that were dropped (duplicates, NaN, no pod label, warnings)
 	// do not fail the cycle, but the user must hear why a pod has no data.
 	for _, r := range []struct {
 		signal string
 		res    promsource.Result
-	}{{"cpu", cpu}, {"requests", requests}, {"latency", latency}, {"node_cpu", nodeCPU}} {
+	}{{"cpu", cpu}, {"requests", requests}, {"latency", latency}, {"node_cpu", nodeCPU}, {"recent_cpu", recentCPU}} {
 		if issues := r.res.Err(); issues != nil {
 			logger.Info("Query answer had problems; the affected series were ignored", "signal", r.signal,
 				"query", textutil.Printable(r.res.Query, textutil.LogLimit), "problems", textutil.Printable(issues.Error(), textutil.LogLimit))
 		}
 	}
 	if ctx.Err() != nil {
-		return
+		return obs, Signals{}, false
 	}
-	podSignals(obs.Signals, pods, cpu, obs.Err == nil, requests, latency, nodeCPU)
-	avail := signalsOf(s, obs.Err == nil && len(cpu.Values) > 0, requests, latency, nodeCPU)
-	out, eps, ok := l.Book.Update(key, s.Params, obs, s.DryRun)
-	if !ok {
-		return
+	podSignals(obs.Signals, pods, cpu, obs.Err == nil, requests, latency, nodeCPU, recentCPU)
+	return obs, signalsOf(s, obs.Err == nil && len(cpu.Values) > 0, requests, latency, nodeCPU, recentCPU), true
+}
+
+// recentCPUWindow is the window of the recent CPU query, which runs the CPU
+// query again over the last two scrape intervals (the shortest window in
+// which rate() is sure to find two samples): a pod that has just reached
+// its CPU limit shows it there a cycle before it does over the query
+// window. 0 = not run: the scrape interval is unknown (0), two of them are
+// no shorter than the query window (the same query), or the CPU query does
+// not depend on its window (a recording rule: the same answer again).
+func recentCPUWindow(s Settings) time.Duration {
+	si := s.Params.ScrapeInterval
+	w := 2 * si
+	if si <= 0 || w <= 0 || w >= s.Params.QueryWindow {
+		return 0
 	}
-	out.Signals = l.Book.noteSignals(key, avail)
-	l.publish(tgt, eps, obs, out)
-	if out.Result.Changed {
-		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "message", out.Result.Message)
+	probe := promsource.Target{Namespace: "ns", Service: "svc", Pods: []string{"pod-0"}, Window: s.Params.QueryWindow}
+	full, err := promsource.Render(s.CPUQuery, probe)
+	if err != nil {
+		return 0 // the CPU query itself reports it
 	}
-	select {
-	case l.Wake <- event.GenericEvent{Object: wakeObject(key)}:
-	case <-ctx.Done():
+	probe.Window = w
+	recent, err := promsource.Render(s.CPUQuery, probe)
+	if err != nil || recent == full {
+		return 0 // a window PromQL cannot express (below 1ms), or no window at all
 	}
+	return w
 }
 
 // podSignals fills into with each pod's signals from the answers; a pod
 // without a value for a signal gets NaN (no data). CPU counts only when its
 // query succeeded (cpuOK).
-func podSignals(into map[string]weights.Signal, pods []string, cpu promsource.Result, cpuOK bool, requests, latency, nodeCPU promsource.Result) {
+func podSignals(into map[string]weights.Signal, pods []string, cpu promsource.Result, cpuOK bool, requests, latency, nodeCPU, recentCPU promsource.Result) {
 	for _, p := range pods {
-		sig := weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), NodeCPU: math.NaN()}
+		sig := weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), NodeCPU: math.NaN(), RecentCPU: math.NaN()}
 		if v, ok := cpu.Values[p]; ok && cpuOK {
 			sig.CPU = v
 		}
@@ -249,6 +290,9 @@ func podSignals(into map[string]weights.Signal, pods []string, cpu promsource.Re
 		}
 		if v, ok := nodeCPU.Values[p]; ok {
 			sig.NodeCPU = v
+		}
+		if v, ok := recentCPU.Values[p]; ok {
+			sig.RecentCPU = v
 		}
 		into[p] = sig
 	}
@@ -276,7 +320,8 @@ func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Obs
 		samples = append(samples, s)
 	}
 	m.SetPods(tgt.namespace, tgt.service, samples)
-	for signal, ok := range map[string]bool{"cpu": out.Signals.CPU, "requests": out.Signals.Requests, "latency": out.Signals.Latency, "node_cpu": out.Signals.NodeCPU} {
+	for signal, ok := range map[string]bool{"cpu": out.Signals.CPU, "requests": out.Signals.Requests, "latency": out.Signals.Latency, "node_cpu": out.Signals.NodeCPU,
+		"recent_cpu": out.Signals.RecentCPU} {
 		m.SignalAvailable.WithLabelValues(tgt.namespace, tgt.service, signal).Set(b2f(ok))
 	}
 	m.Cycles.WithLabelValues(tgt.namespace, tgt.service, string(out.Result.Mode)).Inc()

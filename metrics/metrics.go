@@ -105,7 +105,7 @@ func New() *Metrics {
 		}, []string{"resource"}),
 		SignalAvailable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "optimizer_signal_available",
-			Help: "1 when the last weight cycle had data for a signal (cpu, requests, latency, node_cpu), 0 when it was disabled or had none; requests 0 means the weights rest on CPU alone.",
+			Help: "1 when the last weight cycle had data for a signal (cpu, requests, latency, node_cpu, recent_cpu), 0 when it was disabled or had none; requests 0 means the weights rest on CPU alone.",
 		}, append(append([]string{}, serviceLabels...), "signal")),
 	}
 }
