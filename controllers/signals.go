@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -30,6 +31,10 @@ type Signals struct {
 	// RecentCPUDisabled: the recent CPU query was not run (see
 	// recentCPUWindow).
 	RecentCPUDisabled bool
+	// NoLimitPods counts the pods of the cycle without a CPU limit, whose
+	// cores only the node CPU or, with request rates, the sidecars'
+	// latency can show.
+	NoLimitPods int
 }
 
 func signalsOf(s Settings, cpu bool, requests, latency, nodeCPU, recentCPU promsource.Result) Signals {
@@ -86,6 +91,25 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// coresUnknownReason explains, for Degraded, that some pods have no CPU
+// limit and no signal of the last cycle showed their cores, or returns "".
+// Their cores are then a guess between their CPU request and their node's
+// allocatable CPU, which can send them more than they can serve.
+func coresUnknownReason(s Signals) string {
+	if s.NoLimitPods == 0 || !s.CPU || s.NodeCPU || (s.Requests && s.Latency) {
+		return ""
+	}
+	missing := "the node CPU query has no data for them"
+	if s.NodeCPUDisabled {
+		missing = "node_cpu_query is \"-\""
+	}
+	if s.Requests {
+		missing += ", nor the sidecars' latency"
+	}
+	return fmt.Sprintf("%d pod(s) have no CPU limit and %s: their cores are guessed between their CPU request and their node's allocatable CPU, which can send them more than they serve. "+
+		"Enable node_cpu_query (cAdvisor's root cgroup with a node label) or the sidecars' istio_request_duration_milliseconds, or set CPU limits", s.NoLimitPods, missing)
 }
 
 // cpuOnlyReason explains, for Degraded, why the last cycle's weights rest on CPU

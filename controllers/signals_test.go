@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	networking "istio.io/api/networking/v1alpha3"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/clock"
@@ -122,12 +123,18 @@ func startSignalsEnv(t *testing.T) *signalsEnv {
 // capacities (one per node), all ready.
 func (env *signalsEnv) service(t *testing.T, ns, name string, capacities ...float64) {
 	t.Helper()
+	env.serviceOf(t, ns, name, WithCPULimit("1"), capacities...)
+}
+
+// serviceOf is service with the pods' option (a CPU limit or none).
+func (env *signalsEnv) serviceOf(t *testing.T, ns, name string, opt PodOption, capacities ...float64) {
+	t.Helper()
 	ctx := context.Background()
 	objs := []client.Object{Service(ns, name, ServicePort("http", 80, intstr.FromInt32(8080)))}
 	var eps []Endpoint
 	for i, c := range capacities {
 		pod, node := fmt.Sprintf("%s-%d", name, i), fmt.Sprintf("%s-node-%d", name, i)
-		objs = append(objs, Node(node, "r1", "z1", "", "m5.large"), Pod(ns, pod, name, node, WithSidecar(), WithCPULimit("1")))
+		objs = append(objs, Node(node, "r1", "z1", "", "m5.large"), Pod(ns, pod, name, node, WithSidecar(), opt))
 		eps = append(eps, Ready(pod, IP(40+len(name), i+1), node))
 		env.source.mu.Lock()
 		env.source.capacity[pod] = c
@@ -226,6 +233,18 @@ func TestLoadBalancerFollowsLearned(t *testing.T) {
 func testCPUOnly(t *testing.T, env *signalsEnv, ns string) {
 	env.service(t, ns, "cpu", 100, 300)
 	env.service(t, ns, "dash", 100, 300)
+	// Pods without a CPU limit, and no node CPU: their cores are a guess.
+	env.serviceOf(t, ns, "nolimit", func(*corev1.Pod) {}, 100, 300)
+	if err := env.c.Create(context.Background(), Optimizer(ns, "nolimit", "nolimit")); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 20*time.Second, "nolimit: Degraded CoresUnknown", func() error {
+		d := meta.FindStatusCondition(env.optimizer(t, ns, "nolimit").Status.Conditions, optv1.ConditionDegraded)
+		if d == nil || d.Status != "True" || d.Reason != "CoresUnknown" || !strings.Contains(d.Message, "2 pod(s) have no CPU limit") {
+			return fmt.Errorf("Degraded %v", d)
+		}
+		return nil
+	})
 	dash := Optimizer(ns, "dash", "dash")
 	dash.Spec.Optimization = &optv1.Optimization{RequestQuery: "-"}
 	for _, o := range []client.Object{Optimizer(ns, "cpu", "cpu"), dash} {

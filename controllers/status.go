@@ -173,6 +173,9 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	if msg := cpuOnlyReason(out.Signals); msg != "" {
 		s.degraded("CPUOnly", msg)
 	}
+	if msg := coresUnknownReason(out.Signals); msg != "" {
+		s.degraded("CoresUnknown", msg)
+	}
 }
 
 // statusRefreshInterval is how long a weight cycle that changed nothing

@@ -176,6 +176,11 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 	if !ok {
 		return
 	}
+	for _, ep := range eps {
+		if !(ep.Cores > 0) {
+			avail.NoLimitPods++
+		}
+	}
 	out.Signals = l.Book.noteSignals(key, avail)
 	l.publish(tgt, eps, obs, out)
 	if out.Result.Changed {

@@ -1,0 +1,32 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+)
+
+// Pods without a CPU limit whose cores no signal shows make the optimizer
+// Degraded/CoresUnknown: with CPU alone unless the node CPU has data, and
+// with request rates unless the node CPU or the sidecars' latency does.
+func TestCoresUnknownReason(t *testing.T) {
+	for name, tc := range map[string]struct {
+		s    Signals
+		want string // "" for no reason, else a part of the message
+	}{
+		"every pod has a limit":         {Signals{CPU: true}, ""},
+		"no CPU data":                   {Signals{NoLimitPods: 3}, ""},
+		"node CPU shows them":           {Signals{CPU: true, NodeCPU: true, NoLimitPods: 3}, ""},
+		"latency shows them":            {Signals{CPU: true, Requests: true, Latency: true, NoLimitPods: 3}, ""},
+		"CPU alone, no node CPU":        {Signals{CPU: true, NoLimitPods: 3}, "3 pod(s) have no CPU limit and the node CPU query has no data for them:"},
+		"CPU alone, node CPU disabled":  {Signals{CPU: true, NodeCPUDisabled: true, NoLimitPods: 1}, `node_cpu_query is "-":`},
+		"request rates without latency": {Signals{CPU: true, Requests: true, NoLimitPods: 2}, "has no data for them, nor the sidecars' latency"},
+	} {
+		got := coresUnknownReason(tc.s)
+		switch {
+		case tc.want == "" && got != "":
+			t.Errorf("%s: %q, want none", name, got)
+		case tc.want != "" && !strings.Contains(got, tc.want):
+			t.Errorf("%s: %q, want it to say %q", name, got, tc.want)
+		}
+	}
+}
