@@ -2,17 +2,12 @@ package harness_test
 
 import (
 	"context"
-	"net"
-	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
-	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
 
 // sidecarHistograms serves Istio's istio_request_duration_milliseconds the
@@ -81,30 +76,7 @@ func TestLatencyQueryWithRealPrometheus(t *testing.T) {
 	// web-2 exists but serves nothing.
 	h.hist.WithLabelValues("destination", "web-2", "shop", "shop", "web", "200")
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: promhttp.HandlerFor(h.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithCancel(context.Background())
-	wg.Add(2)
-	go func() { defer wg.Done(); _ = srv.Serve(ln) }()
-	go func() { defer wg.Done(); h.run(ctx, series) }()
-	t.Cleanup(func() { cancel(); _ = srv.Close(); wg.Wait() })
-
-	addr := ln.Addr().String()
-	prom := harness.MustStartPrometheus(t, harness.PrometheusOptions{Targets: []string{addr}, ScrapeInterval: time.Second})
-	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer wcancel()
-	if err := prom.WaitForTargets(wctx, []string{addr}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := promsource.New(promsource.Config{URL: prom.URL, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	src := scrapedSource(t, h.reg, time.Second, func(ctx context.Context) { h.run(ctx, series) })
 	target := promsource.Target{Namespace: "shop", Service: "web", Pods: []string{"web-0", "web.1", "web-2"}, Window: 10 * time.Second}
 	time.Sleep(target.Window + 2*time.Second)
 

@@ -2,18 +2,13 @@ package harness_test
 
 import (
 	"context"
-	"net"
-	"net/http"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
-	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
 
 // cadvisorSeries is one container_cpu_usage_seconds_total series as the
@@ -82,30 +77,7 @@ func TestNodeCPUQueryWithRealPrometheus(t *testing.T) {
 		},
 	)
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithCancel(context.Background())
-	wg.Add(2)
-	go func() { defer wg.Done(); _ = srv.Serve(ln) }()
-	go func() { defer wg.Done(); runCadvisor(ctx, cpu, series) }()
-	t.Cleanup(func() { cancel(); _ = srv.Close(); wg.Wait() })
-
-	addr := ln.Addr().String()
-	prom := harness.MustStartPrometheus(t, harness.PrometheusOptions{Targets: []string{addr}, ScrapeInterval: time.Second})
-	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer wcancel()
-	if err := prom.WaitForTargets(wctx, []string{addr}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := promsource.New(promsource.Config{URL: prom.URL, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	src := scrapedSource(t, reg, time.Second, func(ctx context.Context) { runCadvisor(ctx, cpu, series) })
 	target := promsource.Target{Namespace: "shop", Service: "web", Pods: []string{"web-0", "web.1", "web-2", "web-3"}, Window: 10 * time.Second}
 	// Rates are exact only once the window is full of samples.
 	time.Sleep(target.Window + 2*time.Second)

@@ -1,19 +1,14 @@
 package harness_test
 
 import (
-	"context"
 	"math"
-	"net"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
-	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
 
 // cpuCounter is a container's CPU-seconds counter that grows at cores per
@@ -102,28 +97,7 @@ func TestRecentCPUQueryWithRealPrometheus(t *testing.T) {
 		}, c.value))
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close(); wg.Wait() })
-
-	addr := ln.Addr().String()
-	prom := harness.MustStartPrometheus(t, harness.PrometheusOptions{Targets: []string{addr}, ScrapeInterval: scrape})
-	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer wcancel()
-	if err := prom.WaitForTargets(wctx, []string{addr}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := promsource.New(promsource.Config{URL: prom.URL, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	src := scrapedSource(t, reg, scrape, nil)
 	full := promsource.Target{Namespace: "shop", Service: "web", Pods: []string{"web-0", "web-1"}, Window: window}
 	recent := full
 	recent.Window = 2 * scrape
