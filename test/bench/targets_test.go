@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 )
 
@@ -38,6 +39,31 @@ func TestIssueTargets(t *testing.T) {
 	for _, tg := range Targets {
 		if tg.Miss != "" {
 			t.Logf("not guarded (known miss): %s: %s", tg.Name, tg.Miss)
+		}
+	}
+}
+
+// make bench prints the targets of the scenario files it ran, from the
+// results it already has: a target needs its file and all its strategies.
+func TestTargetsOfTheRunScenarios(t *testing.T) {
+	results := [][]StrategyResult{
+		{{Name: "optimizer", P99Ms: 90}, {Name: "wrr_oracle", P99Ms: 100}, {Name: "lr", P99Ms: 300}, {Name: "cswrr", P99Ms: 120}},
+		{{Name: "optimizer", P99Ms: 50}},
+	}
+	rs := targetsOf([]string{"some/dir/hetero3-80.yaml", "other/hetero3-90.yaml"}, results)
+	got := map[string]float64{}
+	for _, r := range rs {
+		got[r.Target.Name] = r.Value
+	}
+	if v := got["hetero3-80: optimizer p99 ≤ 1.0x wrr_oracle"]; v != 0.9 {
+		t.Errorf("hetero3-80 against the oracle: %v, want 0.9 (targets: %v)", v, got)
+	}
+	if v := got["hetero3-80: optimizer p99 below lr and cswrr"]; v != 0.75 {
+		t.Errorf("hetero3-80 against lr and cswrr: %v, want 0.75", v)
+	}
+	for name := range got {
+		if strings.HasPrefix(name, "hetero3-90") {
+			t.Errorf("%s measured without wrr_oracle in the run", name)
 		}
 	}
 }
