@@ -272,3 +272,29 @@ func TestSaturationAgainstNoisyCeilings(t *testing.T) {
 		t.Errorf("request rates: limit %v (the average), CPU 2: saturated on one window's noise", withRequests.pods[0].limit)
 	}
 }
+
+// The recent CPU is a sign of saturation only when it stands out from the
+// pod's usual difference between the two rates: a pod whose recent CPU
+// always wanders by 15% (few, long requests) is not alarmed when it
+// wanders up to its limit, one whose two rates agree within 2% is.
+func TestRecentCPUCountsOnlyAboveItsNoise(t *testing.T) {
+	set := []Pod{{Name: "p", Cores: 2}}
+	for _, tc := range []struct {
+		name   string
+		wander float64
+		want   bool
+	}{{"quiet", 0.02, true}, {"noisy", 0.15, false}} {
+		e := New(DefaultParams())
+		for k := range 10 {
+			recent := 1.6 * math.Exp(tc.wander*float64(1-2*(k%2)))
+			sig := readSignals(set, map[string]Signal{"p": {CPU: 1.6, RecentCPU: recent}})
+			e.judgeRecent(set, sig)
+		}
+		// The window's CPU is 1.8 of 2; lately the pod used all of it.
+		sig := readSignals(set, map[string]Signal{"p": {CPU: 1.8, RecentCPU: 2}})
+		e.judgeRecent(set, sig)
+		if got := sig.pods[0].saturated(); got != tc.want {
+			t.Errorf("%s (recent CPU within %.0f%% of the window's): saturated %v, want %v", tc.name, 100*tc.wander, got, tc.want)
+		}
+	}
+}

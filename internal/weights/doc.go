@@ -175,7 +175,10 @@
 //     until its CPU drops. "At its limit" is judged over the window and
 //     over its last two scrape intervals (Signal.RecentCPU), so a pod
 //     that just slowed down is drained, and LEAST_REQUEST kept, a cycle
-//     sooner. With CPU alone, a pod without a limit is at its limit at
+//     sooner. The recent CPU counts only when it stands more than 2.5
+//     standard deviations (robust, from the pod's last cycles) above the
+//     window's: over two scrape intervals a pod serving few, long
+//     requests reaches its limit by chance. With CPU alone, a pod without a limit is at its limit at
 //     the lower of this window's ceiling (above) and the average, as the
 //     idle CPU a saturated pod's node shows is noise around zero.
 //   - The traffic taken off goes to the other pods, at most as much as

@@ -102,6 +102,9 @@ type podState struct {
 	// ceiling averages the CPU the pod could have used (its own plus its
 	// share of its node's idle CPU) over cycles; 0 when unknown.
 	ceiling float64
+	// recentRatios are the last cycles' log(recent CPU / window CPU)
+	// while the pod was not at its limit (see judgeRecent).
+	recentRatios []float64
 
 	// hot: at the last cycle the pod's CPU was at its Cores limit.
 	hot bool
@@ -256,6 +259,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 
 	e.smoothCeilings(set, sig)
+	e.judgeRecent(set, sig)
 	shares := e.windowShares(now, set)
 	learned := e.learn(now, set, sig, shares)
 	e.lastFromRequests = learned.fromRequests

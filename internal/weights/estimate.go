@@ -22,6 +22,49 @@ type podSignal struct {
 	recentCPU float64
 }
 
+// judgeRecent keeps a pod's recent CPU as a sign of saturation only when
+// it stands out from the window's CPU by more than recentSigmas of what
+// the two usually differ by for that pod (2.5: a pod already near its
+// limit must still be caught, and one far from it needs more than that
+// to reach it): over two scrape intervals a pod
+// that serves few, long requests shows its limit by chance (at 80% of one
+// core and 100 ms a request, 240 requests in 30 s, the busy share of such
+// a window varies by about 15%), and each false alarm is a drain and a
+// switch of the load balancer. It then learns that difference from the
+// cycles in which the pod was not at its limit.
+func (e *Engine) judgeRecent(set []Pod, sig signals) {
+	for i, pod := range set {
+		ps := &sig.pods[i]
+		if !(ps.recentCPU > 0) || !(ps.cpu > 0) {
+			ps.recentCPU = 0
+			continue
+		}
+		st := e.state(pod.Name)
+		r := math.Log(ps.recentCPU / ps.cpu)
+		sigma := recentNoisePrior
+		if len(st.recentRatios) >= minRecentRatios {
+			// A robust deviation (1.4826 times the median absolute
+			// ratio), so the start of a window and a real change do
+			// not inflate it.
+			abs := make([]float64, len(st.recentRatios))
+			for k, x := range st.recentRatios {
+				abs[k] = math.Abs(x)
+			}
+			sigma = max(1.4826*median(abs), minRecentNoise)
+		}
+		if r < recentSigmas*sigma {
+			ps.recentCPU = 0 // no news beyond the window's own CPU
+		}
+		if ps.limit > 0 && ps.cpu >= saturatedUse*ps.limit {
+			continue // at its limit over the window: says nothing of the noise
+		}
+		st.recentRatios = append(st.recentRatios, r)
+		if len(st.recentRatios) > maxRecentRatios {
+			st.recentRatios = slices.Delete(st.recentRatios, 0, len(st.recentRatios)-maxRecentRatios)
+		}
+	}
+}
+
 // saturated reports whether the pod used all the CPU it could, over the
 // window or lately.
 func (ps podSignal) saturated() bool {
@@ -80,6 +123,19 @@ func readSignals(set []Pod, obs map[string]Signal) signals {
 }
 
 const (
+	// recentSigmas: a recent CPU counts as news when it stands this many
+	// standard deviations (of the pod's usual recent-to-window ratio)
+	// above the window's CPU; recentNoisePrior is the deviation assumed
+	// before any is measured, recentNoiseGain the weight of a new cycle.
+	recentSigmas     = 2.5
+	recentNoisePrior = 0.1
+	// minRecentRatios and maxRecentRatios: the cycles the deviation is
+	// measured over, at least and at most.
+	minRecentRatios = 4
+	maxRecentRatios = 16
+	// minRecentNoise is the least deviation assumed, so that a pod whose
+	// two rates agreed closely for a while is not alarmed by a little.
+	minRecentNoise = 0.02
 	// saturatedUse is the share of its Cores above which a pod is taken as
 	// saturated: its CPU then shows what it could do, not what it was sent.
 	saturatedUse = 0.97
