@@ -138,8 +138,10 @@ func TestNodeCPUSignalIsQueriedAndExported(t *testing.T) {
 // answer for has none (NaN), whatever the other signals.
 func TestPodSignalsCarryNodeCPU(t *testing.T) {
 	sigs := map[string]weights.Signal{}
-	podSignals(sigs, []string{"a", "b"}, promsource.Result{Values: map[string]float64{"a": 0.5, "b": 0.7}}, true,
-		promsource.Result{}, promsource.Result{}, promsource.Result{Values: map[string]float64{"a": 3.5}}, promsource.Result{})
+	podSignals(sigs, []string{"a", "b"}, answers{
+		cpu:     promsource.Result{Values: map[string]float64{"a": 0.5, "b": 0.7}},
+		nodeCPU: promsource.Result{Values: map[string]float64{"a": 3.5}},
+	}, true)
 	if a, b := sigs["a"], sigs["b"]; a.NodeCPU != 3.5 || a.CPU != 0.5 || !math.IsNaN(b.NodeCPU) || b.CPU != 0.7 {
 		t.Errorf("signals %+v, want a with node CPU 3.5 and b without", sigs)
 	}

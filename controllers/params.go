@@ -67,7 +67,7 @@ func (d EngineDefaults) Validate() error {
 // settings are the defaults as the settings of one optimizer.
 func (d EngineDefaults) settings(dryRun bool) Settings {
 	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, LatencyQuery: d.LatencyQuery, NodeCPUQuery: d.NodeCPUQuery, DryRun: dryRun}
-	s.disableDashed()
+	s.complete()
 	return s
 }
 
@@ -80,10 +80,16 @@ type Settings struct {
 	LatencyQuery string // "" when none
 	NodeCPUQuery string // "" when none
 	DryRun       bool
+	// RecentCPUWindow is the window of the recent CPU query (the CPU
+	// query over two scrape intervals), 0 when it is not run; derived
+	// from the fields above by complete.
+	RecentCPUWindow time.Duration
 }
 
-// disableDashed turns the "-" of an optional query into "" (not queried).
-func (s *Settings) disableDashed() {
+// complete turns the "-" of an optional query into "" (not queried) and
+// derives RecentCPUWindow, once per change of the settings rather than in
+// every cycle.
+func (s *Settings) complete() {
 	if s.RequestQuery == "-" {
 		s.RequestQuery = ""
 	}
@@ -93,6 +99,7 @@ func (s *Settings) disableDashed() {
 	if s.NodeCPUQuery == "-" {
 		s.NodeCPUQuery = ""
 	}
+	s.RecentCPUWindow = recentCPUWindow(*s)
 }
 
 // settingsFor merges an optimizer's spec over the defaults. An invalid
@@ -144,7 +151,7 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 			s.NodeCPUQuery = o.NodeCPUQuery
 		}
 	}
-	s.disableDashed()
+	s.complete()
 	problems := s.problems()
 	if o := opt.Spec.Optimization; o != nil {
 		for _, f := range durationFields(o) {

@@ -153,7 +153,8 @@ func TestRecentCPUSkipped(t *testing.T) {
 				t.Fatal(err)
 			}
 			edit(&s)
-			if w := recentCPUWindow(s); w != 0 {
+			s.complete() // as settingsFor does after its edits
+			if w := s.RecentCPUWindow; w != 0 {
 				t.Fatalf("recent window %v, want none", w)
 			}
 			var src *windowSource
@@ -236,7 +237,7 @@ func TestRecentCPUWindowFollowsTheSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := recentCPUWindow(s); w != 5*time.Second {
+	if w := s.RecentCPUWindow; w != 5*time.Second {
 		t.Errorf("recent window %v, want 5s", w)
 	}
 }

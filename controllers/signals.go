@@ -37,18 +37,17 @@ type Signals struct {
 	NoLimitPods int
 }
 
-func signalsOf(s Settings, cpu bool, requests, latency, nodeCPU, recentCPU promsource.Result) Signals {
+func signalsOf(s Settings, cpu bool, a answers) Signals {
 	return Signals{
-		CPU:              cpu,
-		Requests:         len(requests.Values) > 0,
-		Latency:          len(latency.Values) > 0,
-		NodeCPU:          len(nodeCPU.Values) > 0,
-		RecentCPU:        len(recentCPU.Values) > 0,
-		RequestsDisabled: s.RequestQuery == "",
-		LatencyDisabled:  s.LatencyQuery == "",
-		NodeCPUDisabled:  s.NodeCPUQuery == "",
-		// Not run: see recentCPUWindow.
-		RecentCPUDisabled: recentCPUWindow(s) == 0,
+		CPU:               cpu,
+		Requests:          len(a.requests.Values) > 0,
+		Latency:           len(a.latency.Values) > 0,
+		NodeCPU:           len(a.nodeCPU.Values) > 0,
+		RecentCPU:         len(a.recentCPU.Values) > 0,
+		RequestsDisabled:  s.RequestQuery == "",
+		LatencyDisabled:   s.LatencyQuery == "",
+		NodeCPUDisabled:   s.NodeCPUQuery == "",
+		RecentCPUDisabled: s.RecentCPUWindow == 0, // not run: see recentCPUWindow
 	}
 }
 

@@ -222,24 +222,21 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 		l.Metrics.ReconcileError(weightControllerName, "query", key.Name, key.Namespace)
 		logger.Info("CPU query failed", "error", textutil.Printable(err.Error(), textutil.LogLimit))
 	}
-	var requests, latency, nodeCPU, recentCPU promsource.Result
+	a := answers{cpu: cpu}
 	if obs.Err == nil {
-		requests = l.optionalSignal(ctx, logger, tgt, "requests", s.RequestQuery, qt, now)
-		latency = l.optionalSignal(ctx, logger, tgt, "latency", s.LatencyQuery, qt, now)
-		nodeCPU = l.optionalSignal(ctx, logger, tgt, "node_cpu", s.NodeCPUQuery, qt, now)
-		if w := recentCPUWindow(s); w > 0 {
+		a.requests = l.optionalSignal(ctx, logger, tgt, "requests", s.RequestQuery, qt, now)
+		a.latency = l.optionalSignal(ctx, logger, tgt, "latency", s.LatencyQuery, qt, now)
+		a.nodeCPU = l.optionalSignal(ctx, logger, tgt, "node_cpu", s.NodeCPUQuery, qt, now)
+		if s.RecentCPUWindow > 0 {
 			// The CPU query again, over the last two scrape intervals.
 			rt := qt
-			rt.Window = w
-			recentCPU = l.optionalSignal(ctx, logger, tgt, "recent_cpu", s.CPUQuery, rt, now)
+			rt.Window = s.RecentCPUWindow
+			a.recentCPU = l.optionalSignal(ctx, logger, tgt, "recent_cpu", s.CPUQuery, rt, now)
 		}
 	}
 	// Series that were dropped (duplicates, NaN, no pod label, warnings)
 	// do not fail the cycle, but the user must hear why a pod has no data.
-	for _, r := range []struct {
-		signal string
-		res    promsource.Result
-	}{{"cpu", cpu}, {"requests", requests}, {"latency", latency}, {"node_cpu", nodeCPU}, {"recent_cpu", recentCPU}} {
+	for _, r := range a.bySignal() {
 		if issues := r.res.Err(); issues != nil {
 			logger.Info("Query answer had problems; the affected series were ignored", "signal", r.signal,
 				"query", textutil.Printable(r.res.Query, textutil.LogLimit), "problems", textutil.Printable(issues.Error(), textutil.LogLimit))
@@ -248,8 +245,26 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 	if ctx.Err() != nil {
 		return obs, Signals{}, false
 	}
-	podSignals(obs.Signals, pods, cpu, obs.Err == nil, requests, latency, nodeCPU, recentCPU)
-	return obs, signalsOf(s, obs.Err == nil && len(cpu.Values) > 0, requests, latency, nodeCPU, recentCPU), true
+	podSignals(obs.Signals, pods, a, obs.Err == nil)
+	return obs, signalsOf(s, obs.Err == nil && len(cpu.Values) > 0, a), true
+}
+
+// answers are one cycle's query results, one per signal; a signal that was
+// not queried has an empty Result.
+type answers struct {
+	cpu, requests, latency, nodeCPU, recentCPU promsource.Result
+}
+
+// bySignal lists the answers under their signal names, as in
+// optimizer_query_errors_total and optimizer_signal_available.
+func (a answers) bySignal() []struct {
+	signal string
+	res    promsource.Result
+} {
+	return []struct {
+		signal string
+		res    promsource.Result
+	}{{"cpu", a.cpu}, {"requests", a.requests}, {"latency", a.latency}, {"node_cpu", a.nodeCPU}, {"recent_cpu", a.recentCPU}}
 }
 
 // recentCPUWindow is the window of the recent CPU query, which runs the CPU
@@ -281,23 +296,18 @@ func recentCPUWindow(s Settings) time.Duration {
 // podSignals fills into with each pod's signals from the answers; a pod
 // without a value for a signal gets NaN (no data). CPU counts only when its
 // query succeeded (cpuOK).
-func podSignals(into map[string]weights.Signal, pods []string, cpu promsource.Result, cpuOK bool, requests, latency, nodeCPU, recentCPU promsource.Result) {
+func podSignals(into map[string]weights.Signal, pods []string, a answers, cpuOK bool) {
+	value := func(r promsource.Result, pod string) float64 {
+		if v, ok := r.Values[pod]; ok {
+			return v
+		}
+		return math.NaN()
+	}
 	for _, p := range pods {
-		sig := weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), NodeCPU: math.NaN(), RecentCPU: math.NaN()}
-		if v, ok := cpu.Values[p]; ok && cpuOK {
-			sig.CPU = v
-		}
-		if v, ok := requests.Values[p]; ok {
-			sig.Requests = v
-		}
-		if v, ok := latency.Values[p]; ok {
-			sig.Latency = v
-		}
-		if v, ok := nodeCPU.Values[p]; ok {
-			sig.NodeCPU = v
-		}
-		if v, ok := recentCPU.Values[p]; ok {
-			sig.RecentCPU = v
+		sig := weights.Signal{CPU: math.NaN(), Requests: value(a.requests, p), Latency: value(a.latency, p),
+			NodeCPU: value(a.nodeCPU, p), RecentCPU: value(a.recentCPU, p)}
+		if cpuOK {
+			sig.CPU = value(a.cpu, p)
 		}
 		into[p] = sig
 	}
