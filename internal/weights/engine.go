@@ -102,7 +102,7 @@ type podState struct {
 	// ceiling averages the CPU the pod could have used (its own plus its
 	// share of its node's idle CPU) over cycles; 0 when unknown.
 	ceiling float64
-	// recentRatios are the last cycles' log(recent CPU / window CPU)
+	// recentRatios are the last cycles' |log(recent CPU / window CPU)|
 	// while the pod was not at its limit (see judgeRecent).
 	recentRatios []float64
 
@@ -276,10 +276,8 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	// average and by this window (a load that rises is not averaged
 	// away), and with no pod at its limit.
 	e.splitLoad = max(e.offered, load)
-	for _, ps := range sig.pods {
-		if ps.saturated() {
-			e.splitLoad = 0
-		}
+	if slices.ContainsFunc(sig.pods, podSignal.saturated) {
+		e.splitLoad = 0
 	}
 	ds := e.trackBacklogs(now, set, sig, shares, learned.fromRequests)
 	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {

@@ -45,12 +45,8 @@ func (e *Engine) judgeRecent(set []Pod, sig signals) {
 		if len(st.recentRatios) >= minRecentRatios {
 			// A robust deviation (1.4826 times the median absolute
 			// ratio), so the start of a window and a real change do
-			// not inflate it.
-			abs := make([]float64, len(st.recentRatios))
-			for k, x := range st.recentRatios {
-				abs[k] = math.Abs(x)
-			}
-			sigma = max(1.4826*median(abs), minRecentNoise)
+			// not inflate it. median sorts, so it gets a copy.
+			sigma = max(1.4826*median(slices.Clone(st.recentRatios)), minRecentNoise)
 		}
 		if r < recentSigmas*sigma {
 			ps.recentCPU = 0 // no news beyond the window's own CPU
@@ -58,7 +54,7 @@ func (e *Engine) judgeRecent(set []Pod, sig signals) {
 		if ps.limit > 0 && ps.cpu >= saturatedUse*ps.limit {
 			continue // at its limit over the window: says nothing of the noise
 		}
-		st.recentRatios = append(st.recentRatios, r)
+		st.recentRatios = append(st.recentRatios, math.Abs(r))
 		if len(st.recentRatios) > maxRecentRatios {
 			st.recentRatios = slices.Delete(st.recentRatios, 0, len(st.recentRatios)-maxRecentRatios)
 		}
@@ -126,7 +122,7 @@ const (
 	// recentSigmas: a recent CPU counts as news when it stands this many
 	// standard deviations (of the pod's usual recent-to-window ratio)
 	// above the window's CPU; recentNoisePrior is the deviation assumed
-	// before any is measured, recentNoiseGain the weight of a new cycle.
+	// before any is measured.
 	recentSigmas     = 2.5
 	recentNoisePrior = 0.1
 	// minRecentRatios and maxRecentRatios: the cycles the deviation is
@@ -297,6 +293,15 @@ func (e *Engine) warming(pod Pod, now time.Time) bool {
 // speak for: no CPU, joined or warming up within the window, or (with
 // request rates) no requests.
 func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan, fromRequests bool) []sighting {
+	// With CPU alone a pod's speed is its traffic share per CPU-second,
+	// and the share follows the engine's weights only once they are live:
+	// not over the Service's history before them, when Istio's
+	// LEAST_REQUEST sent more to the pods that keep up. (A dry run never
+	// applies weights: Envoy is taken to balance evenly, see windowShares.)
+	if !fromRequests && !e.appliedSince.IsZero() && now.Add(-e.params.horizon()).Before(e.appliedSince) {
+		return nil
+	}
+
 	// The most of a window that two rates of one query may disagree on.
 	misalignment := 0.0
 	if w, sc := e.params.QueryWindow, e.params.ScrapeInterval; sc > 0 {
@@ -313,19 +318,9 @@ func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan
 	}
 	judgeSaturation := useCount > 0 && useSum/float64(useCount) < saturationOnlyBelow
 
-	// With CPU alone a pod's speed is its traffic share per CPU-second,
-	// and the share follows the engine's weights only once they are live:
-	// not over the Service's history before them, when Istio's
-	// LEAST_REQUEST sent more to the pods that keep up. (A dry run never
-	// applies weights: Envoy is taken to balance evenly, see windowShares.)
-	sharesFollowWeights := e.appliedSince.IsZero() || !now.Add(-e.params.horizon()).Before(e.appliedSince)
-
 	var out []sighting
 	for i, pod := range set {
 		ps := sig.pods[i]
-		if !fromRequests && !sharesFollowWeights {
-			break
-		}
 		if !ps.hasCPU || ps.cpu <= 0 {
 			continue
 		}
