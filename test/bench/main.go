@@ -140,7 +140,7 @@ func main() {
 		}
 	}
 	if !*asJSON {
-		if rs := targetsOf(files, results); len(rs) > 0 {
+		if rs := targetsOf(Targets, files, results); len(rs) > 0 {
 			fmt.Println("## Targets (each file's seed; known misses say why)")
 			fmt.Println()
 			writeTargets(os.Stdout, rs, []uint64{0})
@@ -148,32 +148,6 @@ func main() {
 	}
 	fmt.Fprintf(os.Stderr, "bench: %d scenario(s) simulated in %.1fs with %d parallel simulations\n",
 		len(scs), time.Since(start).Seconds(), *parallel)
-}
-
-// targetsOf measures the Targets whose scenario file was run (by file
-// name) with every strategy they need, from the results already computed.
-func targetsOf(files []string, results [][]StrategyResult) []TargetResult {
-	var out []TargetResult
-	for _, tg := range Targets {
-		for i, f := range files {
-			if filepath.Base(f) != tg.Scenario {
-				continue
-			}
-			byName := map[string]StrategyResult{}
-			for _, r := range results[i] {
-				byName[r.Name] = r
-			}
-			complete := true
-			for _, s := range tg.Strategies {
-				_, ok := byName[s]
-				complete = complete && ok
-			}
-			if complete {
-				out = append(out, TargetResult{Target: tg, Value: tg.Value(byName)})
-			}
-		}
-	}
-	return out
 }
 
 func fatal(err error) {

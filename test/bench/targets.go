@@ -187,22 +187,49 @@ func evaluateTargets(dir string, targets []Target, seeds []uint64, parallel int)
 	}
 	results := RunAll(scs, parallel)
 	perSeed := len(scs) / len(seeds)
+	bySeed := make([][]TargetResult, len(seeds))
+	for k, seed := range seeds {
+		block := k * perSeed
+		bySeed[k] = targetsOf(targets, from[block:block+perSeed], results[block:block+perSeed])
+		for j := range bySeed[k] {
+			bySeed[k][j].Seed = seed
+		}
+	}
+	// Target order, then seed order (every seed ran the same files).
 	var out []TargetResult
-	for _, tg := range targets {
-		for k, seed := range seeds {
-			for i := k * perSeed; i < (k+1)*perSeed; i++ {
-				if from[i] != tg.Scenario {
-					continue
-				}
-				byName := map[string]StrategyResult{}
-				for _, r := range results[i] {
-					byName[r.Name] = r
-				}
-				out = append(out, TargetResult{Target: tg, Seed: seed, Value: tg.Value(byName)})
-			}
+	for j := range bySeed[0] {
+		for k := range seeds {
+			out = append(out, bySeed[k][j])
 		}
 	}
 	return out, nil
+}
+
+// targetsOf measures the targets whose scenario file was run (matched by
+// file name) with every strategy they need, from results[i], the run of
+// files[i].
+func targetsOf(targets []Target, files []string, results [][]StrategyResult) []TargetResult {
+	var out []TargetResult
+	for _, tg := range targets {
+		for i, f := range files {
+			if filepath.Base(f) != tg.Scenario {
+				continue
+			}
+			byName := map[string]StrategyResult{}
+			for _, r := range results[i] {
+				byName[r.Name] = r
+			}
+			complete := true
+			for _, s := range tg.Strategies {
+				_, ok := byName[s]
+				complete = complete && ok
+			}
+			if complete {
+				out = append(out, TargetResult{Target: tg, Value: tg.Value(byName)})
+			}
+		}
+	}
+	return out
 }
 
 // writeTargets prints one row per target, one column per seed.

@@ -50,7 +50,7 @@ func TestTargetsOfTheRunScenarios(t *testing.T) {
 		{{Name: "optimizer", P99Ms: 90}, {Name: "wrr_oracle", P99Ms: 100}, {Name: "lr", P99Ms: 300}, {Name: "cswrr", P99Ms: 120}},
 		{{Name: "optimizer", P99Ms: 50}},
 	}
-	rs := targetsOf([]string{"some/dir/hetero3-80.yaml", "other/hetero3-90.yaml"}, results)
+	rs := targetsOf(Targets, []string{"some/dir/hetero3-80.yaml", "other/hetero3-90.yaml"}, results)
 	got := map[string]float64{}
 	for _, r := range rs {
 		got[r.Target.Name] = r.Value
