@@ -138,6 +138,39 @@ func (e *Engine) smoothCeilings(set []Pod, sig signals) {
 	}
 }
 
+// markBlind marks the pods the engine cannot learn from with CPU alone,
+// and returns how many there are: no request rates (so no backlog and no
+// latency), no CPU limit but a CPU request or a node's allocatable CPU (so
+// the cores are known to be somewhere in a range: a pod of which nothing
+// about its cores is known is taken to have as many as the others, as
+// Pod.Cores says), and no ceiling from their node's CPU. Such a
+// pod's speed would be read as its traffic share per CPU-second, but once
+// it is past its cores its CPU stops growing with its share, so it looks
+// the faster the more it is sent, and its weight runs away (the bench's
+// nolimits scenarios without node CPU went to thousands of times the
+// oracle's p99). Nothing in CPU alone tells that from a fast pod. So a
+// blind pod keeps the weight of its guessed cores (see coresOf), at the
+// speed of the pods measured, and Result.Learned stays false while it is
+// in the set: the operator keeps LEAST_REQUEST, which steers around its
+// queue if the guess is high. That is Istio's default and what the
+// Service had before, never worse.
+func (e *Engine) markBlind(set []Pod, sig signals) int {
+	fromRequests := usesRequests(sig)
+	n := 0
+	for i, pod := range set {
+		ps := sig.pods[i]
+		lo, hi := coresBounds(pod)
+		blind := !fromRequests && !knownCores(pod) && (lo > 0 || hi > 0) && ps.limit <= 0 && ps.hasCPU
+		if blind {
+			n++
+		}
+		if st := e.pods[pod.Name]; st != nil || blind {
+			e.state(pod.Name).blind = blind
+		}
+	}
+	return n
+}
+
 // coresBounds returns the range the pod's cores can be in, from its CPU
 // request and its node's allocatable CPU (0 for an unknown end).
 func coresBounds(pod Pod) (lo, hi float64) {

@@ -3,6 +3,7 @@ package weights
 import (
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -297,4 +298,72 @@ func TestRecentCPUCountsOnlyAboveItsNoise(t *testing.T) {
 			t.Errorf("%s (recent CPU within %.0f%% of the window's): saturated %v, want %v", tc.name, 100*tc.wander, got, tc.want)
 		}
 	}
+}
+
+// With CPU alone, a pod without a limit whose node's CPU is unknown shows
+// no sign of being overloaded: pinned at its cores, it only looks faster
+// the more it is sent. The engine must not chase that (the bench's
+// nolimits scenarios without node CPU went to thousands of times the
+// oracle's p99): such pods keep the weight of their guessed cores and
+// Learned stays false, so the operator keeps LEAST_REQUEST. With the
+// node's CPU the same fleet is learned.
+func TestCPUOnlyWithoutCeilingHoldsGuessedCoresUnderLeastRequest(t *testing.T) {
+	cores := map[string]float64{"c1": 1, "c8": 8}
+	node := map[string]float64{"c1": 4, "c8": 16} // guesses: 2 and 4 cores
+	var set []Pod
+	for name := range cores {
+		set = append(set, Pod{Name: name, CPURequest: 1, NodeCores: node[name], Node: "node-" + name})
+	}
+	run := func(t *testing.T, withNodeCPU bool) (Result, bool) {
+		t.Helper()
+		p := DefaultParams()
+		e := New(p)
+		now := time.Unix(1000, 0)
+		e.Applied(now, e.Weights(now, set))
+		everLearned := false
+		var res Result
+		for range 30 {
+			now = now.Add(30 * time.Second)
+			// Traffic follows the live weights (ROUND_ROBIN); 5 cores of
+			// work in all: c1 is sent more than its 1 core while the
+			// weights follow the guesses.
+			total := float64(e.live["c1"] + e.live["c8"])
+			obs := Observation{Time: now, Signals: map[string]Signal{}}
+			for name, c := range cores {
+				use := min(c, 5*float64(e.live[name])/total)
+				sig := Signal{CPU: use, Requests: math.NaN(), Latency: math.NaN()}
+				if withNodeCPU {
+					sig.NodeCPU = node[name] - c + use
+				}
+				obs.Signals[name] = sig
+			}
+			res = e.Update(set, obs)
+			everLearned = everLearned || res.Learned
+			if res.Changed {
+				e.Applied(now, res.Weights)
+			}
+		}
+		return res, everLearned
+	}
+	t.Run("no node CPU", func(t *testing.T) {
+		res, everLearned := run(t, false)
+		if everLearned {
+			t.Errorf("Learned was reported, so ROUND_ROBIN would feed the pinned pod; last: %s", res.Message)
+		}
+		if r := float64(res.Weights["c8"]) / float64(res.Weights["c1"]); r < 1.8 || r > 2.2 {
+			t.Errorf("weights %v: c8/c1 = %.2f, want the guessed cores' 4/2 (the pinned c1 ran away if below)", res.Weights, r)
+		}
+		if !strings.Contains(res.Message, "LEAST_REQUEST is kept") {
+			t.Errorf("message does not say why: %q", res.Message)
+		}
+	})
+	t.Run("with node CPU", func(t *testing.T) {
+		res, everLearned := run(t, true)
+		if !everLearned {
+			t.Errorf("never Learned with ceilings; last: %s", res.Message)
+		}
+		if r := float64(res.Weights["c8"]) / float64(res.Weights["c1"]); r < 4 {
+			t.Errorf("weights %v: c8/c1 = %.2f, want towards the cores' 8/1", res.Weights, r)
+		}
+	})
 }

@@ -102,6 +102,9 @@ type podState struct {
 	// ceiling averages the CPU the pod could have used (its own plus its
 	// share of its node's idle CPU) over cycles; 0 when unknown.
 	ceiling float64
+	// blind: at the last cycle with data the engine ran on CPU alone and
+	// nothing showed the pod's cores (see markBlind).
+	blind bool
 	// recentRatios are the last cycles' |log(recent CPU / window CPU)|
 	// while the pod was not at its limit (see judgeRecent).
 	recentRatios []float64
@@ -259,6 +262,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 
 	e.smoothCeilings(set, sig)
+	blind := e.markBlind(set, sig)
 	e.judgeRecent(set, sig)
 	shares := e.windowShares(now, set)
 	learned := e.learn(now, set, sig, shares)
@@ -306,6 +310,9 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			prefix, 100*res.maxMove, learned.pods, len(set), source)
 	}
 	res.Message += drainMessage(drained, worst, worstQ)
+	if blind > 0 {
+		res.Message += fmt.Sprintf("; %d pod(s) without a CPU limit or node CPU data are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", blind)
+	}
 	return res.Result
 }
 

@@ -327,6 +327,9 @@ func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan
 		if e.warming(pod, now) {
 			continue // its window includes time before it was ready or warm
 		}
+		if st := e.pods[pod.Name]; st != nil && st.blind {
+			continue // its cores are a guess and its saturation unseen
+		}
 		shareLo, shareHi := shares[i].lo, shares[i].hi
 		if !shares[i].ok {
 			continue

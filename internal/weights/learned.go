@@ -4,8 +4,9 @@ package weights
 // trusted with the weights. It can when the weights rest on what the data
 // measured, for nearly all of the traffic: until then (the first cycles
 // after opt-in, new pods, a pod whose speed just changed, a pod being
-// drained of a backlog) a queue-aware LEAST_REQUEST is never worse than
-// Istio's default, which is what the Service had before.
+// drained of a backlog, a pod whose overload CPU alone cannot show: see
+// markBlind) a queue-aware LEAST_REQUEST is never worse than Istio's
+// default, which is what the Service had before.
 
 // learnedShare is the share of the weight that must rest on settled
 // estimates for Learned: the rest may be new or changing pods, which
@@ -52,6 +53,10 @@ func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
 	}
 	unsettled := 0.0
 	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil && st.blind {
+			// CPU alone and no ceiling: an overload would not show.
+			return false
+		}
 		if st := e.pods[pod.Name]; st != nil && (st.hot || st.drainOr1() < 1) {
 			// Overloaded, or with a backlog: whatever its share, a queue
 			// grows or waits there, which LEAST_REQUEST steers around
