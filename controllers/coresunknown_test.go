@@ -18,6 +18,7 @@ func TestCoresUnknownReason(t *testing.T) {
 		"node CPU shows them":           {Signals{CPU: true, NodeCPU: true, NoLimitPods: 3}, ""},
 		"latency shows them":            {Signals{CPU: true, Requests: true, Latency: true, NoLimitPods: 3}, ""},
 		"CPU alone, no node CPU":        {Signals{CPU: true, NoLimitPods: 3}, "3 pod(s) have no CPU limit and the node CPU query has no data for them:"},
+		"CPU alone keeps LEAST_REQUEST": {Signals{CPU: true, NoLimitPods: 3}, "LEAST_REQUEST is kept instead of ROUND_ROBIN"},
 		"CPU alone, node CPU disabled":  {Signals{CPU: true, NodeCPUDisabled: true, NoLimitPods: 1}, `node_cpu_query is "-":`},
 		"request rates without latency": {Signals{CPU: true, Requests: true, NoLimitPods: 2}, "has no data for them, nor the sidecars' latency"},
 	} {

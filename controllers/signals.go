@@ -107,8 +107,13 @@ func coresUnknownReason(s Signals) string {
 	if s.Requests {
 		missing += ", nor the sidecars' latency"
 	}
-	return fmt.Sprintf("%d pod(s) have no CPU limit and %s: their cores are guessed between their CPU request and their node's allocatable CPU, which can send them more than they serve. "+
-		"Enable node_cpu_query (cAdvisor's root cgroup with a node label) or the sidecars' istio_request_duration_milliseconds, or set CPU limits", s.NoLimitPods, missing)
+	effect := "which can send them more than they serve"
+	if !s.Requests {
+		// See weights.markBlind: with CPU alone their overload would not show.
+		effect = "and, with CPU alone, nothing shows when they get more than they serve: they are weighted by that guess, not learned from, and LEAST_REQUEST is kept instead of ROUND_ROBIN"
+	}
+	return fmt.Sprintf("%d pod(s) have no CPU limit and %s: their cores are guessed between their CPU request and their node's allocatable CPU, %s. "+
+		"Enable node_cpu_query (cAdvisor's root cgroup with a node label) or the sidecars' istio_request_duration_milliseconds, or set CPU limits", s.NoLimitPods, missing, effect)
 }
 
 // cpuOnlyReason explains, for Degraded, why the last cycle's weights rest on CPU
