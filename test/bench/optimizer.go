@@ -93,7 +93,10 @@ func (o *optimizerCtl) cycle(s *sim) {
 		if !ok {
 			continue
 		}
-		node, _ := s.promRate(h, seriesNode)
+		node := 0.0 // no data
+		if s.sc.nodeCPU() {
+			node, _ = s.promRate(h, seriesNode)
+		}
 		// The operator's recent CPU: rate() over two scrape intervals.
 		recent, _ := s.promRateOver(h, seriesCPU, 2*s.scrapeEvery)
 		req, lat := math.NaN(), math.NaN()

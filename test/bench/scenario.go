@@ -61,7 +61,15 @@ type Scenario struct {
 	// node's idle CPU, which the optimizer reads for pods without a limit,
 	// an imperfect measure of what the pod can use.
 	NodeNoise *float64 `json:"node_noise,omitempty"`
+	// NodeCPU false models a Prometheus without the nodes' root-cgroup CPU
+	// series (kube-prometheus-stack's default relabelling drops them): the
+	// optimizer gets no node CPU, so a pod without a CPU limit has no
+	// ceiling. Default true.
+	NodeCPU *bool `json:"node_cpu,omitempty"`
 }
+
+// nodeCPU reports whether the optimizer is given the node CPU series.
+func (sc *Scenario) nodeCPU() bool { return sc.NodeCPU == nil || *sc.NodeCPU }
 
 // nodeNoise is NodeNoise or its default.
 func (sc *Scenario) nodeNoise() float64 {

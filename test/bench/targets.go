@@ -114,6 +114,13 @@ var Targets = []Target{
 		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.0, Unit: "x"},
 	{Name: "hetero3-90-nolimits: optimizer_cpu p99 ≤ 1.0x wrr_oracle", Scenario: "hetero3-90-nolimits.yaml",
 		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.0, Unit: "x", Miss: whyCPUOnly},
+	// Without node CPU data: request rates and latency still show the
+	// cores; CPU alone shows nothing, and must then be no worse than
+	// what the Service had before (LEAST_REQUEST).
+	{Name: "nolimits-mix1248-nonodecpu: optimizer p99 ≤ 1.1x wrr_oracle", Scenario: "nolimits-mix1248-nonodecpu.yaml",
+		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x"},
+	{Name: "nolimits-mix1248-nonodecpu: optimizer_cpu p99 no worse than lr", Scenario: "nolimits-mix1248-nonodecpu.yaml",
+		Strategies: []string{"optimizer_cpu", "lr"}, Value: p99Ratio("optimizer_cpu", "lr"), Max: 1.0, Unit: "x"},
 }
 
 // holds reports whether v meets the target.
