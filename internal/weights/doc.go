@@ -66,6 +66,15 @@
 // as 2% (a lower bound on the cores), since the latency and CPU series,
 // scraped apart, cannot tell less from noise.
 //
+// With CPU alone and no node CPU, a pod without a limit whose bounds are
+// known has no sign of being overloaded: past its cores its CPU stops
+// growing while its share grows, which reads as a faster pod, and its
+// weight would run away. Such a pod keeps the weight of its guessed cores,
+// is not learned from, and Result.Learned stays false while it is in the
+// set, so the operator keeps LEAST_REQUEST (see markBlind). A pod with
+// neither a limit nor bounds is taken to have the median cores and is
+// learned from, as when nothing about cores is known.
+//
 // # From observations to estimates
 //
 // Observations of one cycle are in units that change with the total load,
@@ -208,7 +217,8 @@
 // of the live and of the new weights). A pod is settled when its estimate
 // came from data (with request rates: a sharp observation since the last
 // restart of the estimate), its cores are a limit or, with latency data,
-// measured, and no drain holds it off its capacity. Until then (the first
+// measured, no drain holds it off its capacity, and no pod is one CPU
+// alone cannot judge (above). Until then (the first
 // cycle after opt-in, a surprise, a large drain, many new pods) the
 // operator keeps Envoy's LEAST_REQUEST, which reacts to queues within a
 // request and is never worse than the Service's default, and uses weighted
