@@ -107,15 +107,31 @@ func ceilings(set []Pod, pods []podSignal) {
 // smoothCeilings averages each pod's ceiling (its own CPU plus its share
 // of its node's idle CPU) over cycles, since the node's other tenants come
 // and go and its idle CPU is read from another series than the pod's, and
-// makes the average the pod's limit this cycle.
-func (e *Engine) smoothCeilings(set []Pod, sig signals) {
+// makes the average the pod's limit this cycle. A pod whose node CPU is
+// missing this cycle (a failed scrape, a restarted exporter) keeps its
+// average for up to Expiry, as weights do when the query fails: a gap in
+// one series is no news about the pod, and without it a pod would turn
+// blind (see markBlind), and the load balancer flip, for one cycle.
+func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 	fromRequests := usesRequests(sig)
 	for i, pod := range set {
 		ps := &sig.pods[i]
-		if knownCores(pod) || ps.limit <= 0 {
+		if knownCores(pod) {
+			continue
+		}
+		if ps.limit <= 0 {
+			st := e.pods[pod.Name]
+			switch {
+			case st == nil || st.ceiling <= 0:
+			case now.Sub(st.ceilingAt) > e.params.Expiry:
+				st.ceiling = 0 // too old to speak for the node now
+			case !fromRequests && ps.hasCPU:
+				ps.limit = max(st.ceiling, ps.cpu)
+			}
 			continue
 		}
 		st := e.state(pod.Name)
+		st.ceilingAt = now
 		if st.ceiling <= 0 {
 			st.ceiling = ps.limit
 		} else {

@@ -260,15 +260,15 @@ func TestSaturationAgainstNoisyCeilings(t *testing.T) {
 	// Earlier windows: the node showed 0.3 idle beside 2 busy cores.
 	for range 4 {
 		sig := readSignals(set, map[string]Signal{"p": {CPU: 2, NodeCPU: 3.7, Requests: math.NaN()}})
-		e.smoothCeilings(set, sig)
+		e.smoothCeilings(time.Unix(0, 0), set, sig)
 	}
 	cpuOnly := readSignals(set, map[string]Signal{"p": {CPU: 2, NodeCPU: 4, Requests: math.NaN()}})
-	e.smoothCeilings(set, cpuOnly)
+	e.smoothCeilings(time.Unix(0, 0), set, cpuOnly)
 	if !cpuOnly.pods[0].saturated() {
 		t.Errorf("CPU alone: limit %v, CPU 2 with nothing idle now: not saturated", cpuOnly.pods[0].limit)
 	}
 	withRequests := readSignals(set, map[string]Signal{"p": {CPU: 2, NodeCPU: 4, Requests: 100}})
-	e.smoothCeilings(set, withRequests)
+	e.smoothCeilings(time.Unix(0, 0), set, withRequests)
 	if withRequests.pods[0].saturated() {
 		t.Errorf("request rates: limit %v (the average), CPU 2: saturated on one window's noise", withRequests.pods[0].limit)
 	}
@@ -366,4 +366,48 @@ func TestCPUOnlyWithoutCeilingHoldsGuessedCoresUnderLeastRequest(t *testing.T) {
 			t.Errorf("weights %v: c8/c1 = %.2f, want towards the cores' 8/1", res.Weights, r)
 		}
 	})
+}
+
+// A cycle in which a pod's node CPU is missing (a failed scrape) keeps the
+// pod's average ceiling, so with CPU alone it neither turns blind nor
+// flips the load balancer; past Expiry without node CPU it does.
+func TestMissingNodeCPUKeepsTheCeilingUntilExpiry(t *testing.T) {
+	set := []Pod{{Name: "a", CPURequest: 1, NodeCores: 4, Node: "n1"}, {Name: "b", CPURequest: 1, NodeCores: 4, Node: "n2"}}
+	p := DefaultParams()
+	e := New(p)
+	now := time.Unix(1000, 0)
+	e.Applied(now, e.Weights(now, set))
+	obs := func(withNode bool) Observation {
+		o := Observation{Time: now, Signals: map[string]Signal{}}
+		for _, pod := range set {
+			sig := Signal{CPU: 1, Requests: math.NaN()} // 2 cores each, half busy
+			if withNode {
+				sig.NodeCPU = 3
+			}
+			o.Signals[pod.Name] = sig
+		}
+		return o
+	}
+	var res Result
+	for range 6 {
+		now = now.Add(30 * time.Second)
+		res = e.Update(set, obs(true))
+		if res.Changed {
+			e.Applied(now, res.Weights)
+		}
+	}
+	if !res.Learned {
+		t.Fatalf("not Learned with node CPU: %s", res.Message)
+	}
+	now = now.Add(30 * time.Second)
+	if res = e.Update(set, obs(false)); !res.Learned || strings.Contains(res.Message, "guessed cores") {
+		t.Errorf("one cycle without node CPU: Learned %v, %q; want the average ceiling kept", res.Learned, res.Message)
+	}
+	for now.Sub(time.Unix(1000, 0)) < 3*time.Minute+p.Expiry+time.Minute {
+		now = now.Add(30 * time.Second)
+		res = e.Update(set, obs(false))
+	}
+	if res.Learned || !strings.Contains(res.Message, "2 pod(s) without a CPU limit or node CPU data") {
+		t.Errorf("past Expiry without node CPU: Learned %v, %q; want the pods blind", res.Learned, res.Message)
+	}
 }

@@ -100,8 +100,10 @@ type podState struct {
 	cores         float64
 	coresMeasured int
 	// ceiling averages the CPU the pod could have used (its own plus its
-	// share of its node's idle CPU) over cycles; 0 when unknown.
-	ceiling float64
+	// share of its node's idle CPU) over cycles, 0 when unknown; ceilingAt
+	// is the last cycle that observed it.
+	ceiling   float64
+	ceilingAt time.Time
 	// blind: at the last cycle with data the engine ran on CPU alone and
 	// nothing showed the pod's cores (see markBlind).
 	blind bool
@@ -261,7 +263,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		return e.finish(now, set, ModeLowLoad, e.holdProposal(now, set, true), false, msg).Result
 	}
 
-	e.smoothCeilings(set, sig)
+	e.smoothCeilings(now, set, sig)
 	blind := e.markBlind(set, sig)
 	e.judgeRecent(set, sig)
 	shares := e.windowShares(now, set)
