@@ -86,7 +86,9 @@ func (o *optimizerCtl) start(s *sim) {
 	o.publish(s, o.eng.Weights(simTime(s.now), o.pods(s)))
 }
 
-func (o *optimizerCtl) cycle(s *sim) {
+// observe is what the operator's queries return now: one Signal per pod
+// with data.
+func (o *optimizerCtl) observe(s *sim) weights.Observation {
 	obs := weights.Observation{Time: simTime(s.now), Signals: map[string]weights.Signal{}}
 	for _, h := range s.hosts {
 		cpu, ok := s.promRate(h, seriesCPU)
@@ -108,6 +110,11 @@ func (o *optimizerCtl) cycle(s *sim) {
 		}
 		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent}
 	}
+	return obs
+}
+
+func (o *optimizerCtl) cycle(s *sim) {
+	obs := o.observe(s)
 	res := o.eng.Update(o.pods(s), obs)
 	s.modes[string(res.Mode)]++
 	if res.Learned && o.learnedAt < 0 {

@@ -521,5 +521,17 @@ seed: 1
 		if !ok1 || !ok2 || node-cpu < 0.9*neighbours-1e-9 || node-cpu > 1.1*neighbours+1e-9 {
 			t.Errorf("%s: node CPU %v minus pod CPU %v, want the neighbours' %v ± 10%%", p.name, node, cpu, neighbours)
 		}
+		if got := o.observe(s).Signals[p.name].NodeCPU; got != node {
+			t.Errorf("%s: the optimizer is given node CPU %v, want the scraped %v", p.name, got, node)
+		}
+	}
+	// node_cpu: false is a Prometheus without those series: the optimizer
+	// gets none, and still gets the pods' own CPU.
+	f := false
+	s.sc.NodeCPU = &f
+	for name, sig := range o.observe(s).Signals {
+		if sig.NodeCPU != 0 || !(sig.CPU > 0) {
+			t.Errorf("node_cpu false: %s given node CPU %v and CPU %v, want none and the pod's", name, sig.NodeCPU, sig.CPU)
+		}
 	}
 }
