@@ -14,6 +14,7 @@ import (
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -100,7 +101,7 @@ func startSignalsEnv(t *testing.T) *signalsEnv {
 	engine.Params.Smoothing = 1
 	env := &signalsEnv{metrics: metrics.New(), source: &capacityMetrics{
 		cpuQuery: engine.CPUQuery, requestQuery: engine.RequestQuery,
-		noRequests: map[string]bool{"cpu": true}, capacity: map[string]float64{},
+		noRequests: map[string]bool{"cpu": true, "blind": true}, capacity: map[string]float64{},
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := controllers.Setup(ctx, mgr, controllers.Dependencies{
@@ -270,6 +271,41 @@ func testCPUOnly(t *testing.T, env *signalsEnv, ns string) {
 			return nil
 		})
 	}
+	// CPU alone with pods without a limit (a CPU request, no node CPU):
+	// nothing would show them overloaded, so the weights are not learned
+	// from and LEAST_REQUEST stays, while "cpu" (limits) is learned.
+	env.serviceOf(t, ns, "blind", func(p *corev1.Pod) {
+		p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}
+	}, 100, 300)
+	if err := env.c.Create(context.Background(), Optimizer(ns, "blind", "blind")); err != nil {
+		t.Fatal(err)
+	}
+	harness.Eventually(t, 20*time.Second, "cpu: ROUND_ROBIN once learned from CPU alone", func() error {
+		if p, err := env.policy(ns, "cpu"); err != nil || p != networking.LoadBalancerSettings_ROUND_ROBIN {
+			return fmt.Errorf("policy %v (%v)", p, err)
+		}
+		return nil
+	})
+	harness.Eventually(t, 20*time.Second, "blind: Degraded CoresUnknown, LEAST_REQUEST kept", func() error {
+		o := env.optimizer(t, ns, "blind")
+		d := meta.FindStatusCondition(o.Status.Conditions, optv1.ConditionDegraded)
+		if d == nil || d.Status != "True" || !strings.Contains(d.Message, "LEAST_REQUEST is kept instead of ROUND_ROBIN") {
+			return fmt.Errorf("Degraded %v", d)
+		}
+		if o.Status.LastOptimizationTime == nil {
+			return fmt.Errorf("no optimization cycle yet")
+		}
+		return nil
+	})
+	// Cycles go on (1 s each); the policy does not move.
+	time.Sleep(3 * time.Second)
+	if p, err := env.policy(ns, "blind"); err != nil || p != networking.LoadBalancerSettings_LEAST_REQUEST {
+		t.Errorf("blind: policy %v (%v), want LEAST_REQUEST", p, err)
+	}
+	if o := env.optimizer(t, ns, "blind"); o.Status.LoadBalancer != "LEAST_REQUEST" {
+		t.Errorf("blind: status.loadBalancer %q, want LEAST_REQUEST", o.Status.LoadBalancer)
+	}
+
 	if d := meta.FindStatusCondition(env.optimizer(t, ns, "web").Status.Conditions, optv1.ConditionDegraded); d == nil || d.Status != "False" {
 		t.Errorf("with request rates: Degraded %v, want False", d)
 	}
