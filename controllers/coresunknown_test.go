@@ -10,19 +10,21 @@ import (
 // with request rates unless the node CPU or the sidecars' latency does.
 func TestCoresUnknownReason(t *testing.T) {
 	for name, tc := range map[string]struct {
-		s    Signals
-		want string // "" for no reason, else a part of the message
+		s         Signals
+		unlearned int
+		want      string // "" for no reason, else a part of the message
 	}{
-		"every pod has a limit":         {Signals{CPU: true}, ""},
-		"no CPU data":                   {Signals{NoLimitPods: 3}, ""},
-		"node CPU shows them":           {Signals{CPU: true, NodeCPU: true, NoLimitPods: 3}, ""},
-		"latency shows them":            {Signals{CPU: true, Requests: true, Latency: true, NoLimitPods: 3}, ""},
-		"CPU alone, no node CPU":        {Signals{CPU: true, NoLimitPods: 3}, "3 pod(s) have no CPU limit and the node CPU query has no data for them:"},
-		"CPU alone keeps LEAST_REQUEST": {Signals{CPU: true, NoLimitPods: 3}, "LEAST_REQUEST is kept instead of ROUND_ROBIN"},
-		"CPU alone, node CPU disabled":  {Signals{CPU: true, NodeCPUDisabled: true, NoLimitPods: 1}, `node_cpu_query is "-":`},
-		"request rates without latency": {Signals{CPU: true, Requests: true, NoLimitPods: 2}, "has no data for them, nor the sidecars' latency"},
+		"every pod has a limit":          {Signals{CPU: true}, 0, ""},
+		"no CPU data":                    {Signals{NoLimitPods: 3}, 0, ""},
+		"node CPU shows them":            {Signals{CPU: true, NodeCPU: true, NoLimitPods: 3}, 0, ""},
+		"latency shows them":             {Signals{CPU: true, Requests: true, Latency: true, NoLimitPods: 3}, 0, ""},
+		"CPU alone, no node CPU":         {Signals{CPU: true, NoLimitPods: 3}, 0, "3 pod(s) have no CPU limit and the node CPU query has no data for them:"},
+		"CPU alone keeps LEAST_REQUEST":  {Signals{CPU: true, NoLimitPods: 3}, 3, "LEAST_REQUEST is kept instead of ROUND_ROBIN"},
+		"CPU alone, learned (no bounds)": {Signals{CPU: true, NoLimitPods: 3}, 0, "which can send them more than they serve."},
+		"CPU alone, node CPU disabled":   {Signals{CPU: true, NodeCPUDisabled: true, NoLimitPods: 1}, 0, `node_cpu_query is "-":`},
+		"request rates without latency":  {Signals{CPU: true, Requests: true, NoLimitPods: 2}, 0, "has no data for them, nor the sidecars' latency"},
 	} {
-		got := coresUnknownReason(tc.s)
+		got := coresUnknownReason(tc.s, tc.unlearned)
 		switch {
 		case tc.want == "" && got != "":
 			t.Errorf("%s: %q, want none", name, got)

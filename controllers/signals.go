@@ -95,8 +95,10 @@ func b2f(b bool) float64 {
 // coresUnknownReason explains, for Degraded, that some pods have no CPU
 // limit and no signal of the last cycle showed their cores, or returns "".
 // Their cores are then a guess between their CPU request and their node's
-// allocatable CPU, which can send them more than they can serve.
-func coresUnknownReason(s Signals) string {
+// allocatable CPU, which can send them more than they can serve; unlearned
+// is how many of them the engine weights by that guess alone and keeps
+// LEAST_REQUEST for (weights.Result.Unlearned).
+func coresUnknownReason(s Signals, unlearned int) string {
 	if s.NoLimitPods == 0 || !s.CPU || s.NodeCPU || (s.Requests && s.Latency) {
 		return ""
 	}
@@ -108,7 +110,7 @@ func coresUnknownReason(s Signals) string {
 		missing += ", nor the sidecars' latency"
 	}
 	effect := "which can send them more than they serve"
-	if !s.Requests {
+	if unlearned > 0 {
 		// See weights.markBlind: with CPU alone their overload would not show.
 		effect = "and, with CPU alone, nothing shows when they get more than they serve: they are weighted by that guess, not learned from, and LEAST_REQUEST is kept instead of ROUND_ROBIN"
 	}

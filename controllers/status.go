@@ -173,7 +173,7 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	if msg := cpuOnlyReason(out.Signals); msg != "" {
 		s.degraded("CPUOnly", msg)
 	}
-	if msg := coresUnknownReason(out.Signals); msg != "" {
+	if msg := coresUnknownReason(out.Signals, out.Result.Unlearned); msg != "" {
 		s.degraded("CoresUnknown", msg)
 	}
 }

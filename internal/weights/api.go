@@ -154,4 +154,9 @@ type Result struct {
 	// (LEAST_REQUEST) in place of weighted ROUND_ROBIN, so opting in is
 	// never worse than Istio's default.
 	Learned bool
+	// Unlearned counts the pods weighted by their guessed cores and not
+	// learned from: with CPU alone, pods without a limit whose CPU request
+	// or node is known but whose node CPU is not, so that nothing would
+	// show them overloaded. While it is above 0, Learned is false.
+	Unlearned int
 }

@@ -353,14 +353,14 @@ func TestCPUOnlyWithoutCeilingHoldsGuessedCoresUnderLeastRequest(t *testing.T) {
 		if r := float64(res.Weights["c8"]) / float64(res.Weights["c1"]); r < 1.8 || r > 2.2 {
 			t.Errorf("weights %v: c8/c1 = %.2f, want the guessed cores' 4/2 (the pinned c1 ran away if below)", res.Weights, r)
 		}
-		if !strings.Contains(res.Message, "LEAST_REQUEST is kept") {
-			t.Errorf("message does not say why: %q", res.Message)
+		if !strings.Contains(res.Message, "LEAST_REQUEST is kept") || res.Unlearned != 2 {
+			t.Errorf("Unlearned %d, want 2, or the message does not say why: %q", res.Unlearned, res.Message)
 		}
 	})
 	t.Run("with node CPU", func(t *testing.T) {
 		res, everLearned := run(t, true)
-		if !everLearned {
-			t.Errorf("never Learned with ceilings; last: %s", res.Message)
+		if !everLearned || res.Unlearned != 0 {
+			t.Errorf("never Learned with ceilings, or Unlearned %d; last: %s", res.Unlearned, res.Message)
 		}
 		if r := float64(res.Weights["c8"]) / float64(res.Weights["c1"]); r < 4 {
 			t.Errorf("weights %v: c8/c1 = %.2f, want towards the cores' 8/1", res.Weights, r)

@@ -315,6 +315,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	if blind > 0 {
 		res.Message += fmt.Sprintf("; %d pod(s) without a CPU limit or node CPU data are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", blind)
 	}
+	res.Unlearned = blind
 	return res.Result
 }
 
