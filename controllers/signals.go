@@ -99,6 +99,14 @@ func b2f(b bool) float64 {
 // is how many of them the engine weights by that guess alone and keeps
 // LEAST_REQUEST for (weights.Result.Unlearned).
 func coresUnknownReason(s Signals, unlearned int) string {
+	const fix = "Enable node_cpu_query (cAdvisor's root cgroup with a node label) or the sidecars' istio_request_duration_milliseconds, or set CPU limits"
+	if unlearned > 0 {
+		// See weights.markBlind: with CPU alone their overload would not
+		// show. Said whatever the other pods' node CPU: a node pool
+		// without the series is enough.
+		return fmt.Sprintf("%d pod(s) have no CPU limit and no node CPU data: their cores are guessed between their CPU request and their node's allocatable CPU, "+
+			"and, with CPU alone, nothing shows when they get more than they serve: they are weighted by that guess, not learned from, and LEAST_REQUEST is kept instead of ROUND_ROBIN. "+fix, unlearned)
+	}
 	if s.NoLimitPods == 0 || !s.CPU || s.NodeCPU || (s.Requests && s.Latency) {
 		return ""
 	}
@@ -109,13 +117,7 @@ func coresUnknownReason(s Signals, unlearned int) string {
 	if s.Requests {
 		missing += ", nor the sidecars' latency"
 	}
-	effect := "which can send them more than they serve"
-	if unlearned > 0 {
-		// See weights.markBlind: with CPU alone their overload would not show.
-		effect = "and, with CPU alone, nothing shows when they get more than they serve: they are weighted by that guess, not learned from, and LEAST_REQUEST is kept instead of ROUND_ROBIN"
-	}
-	return fmt.Sprintf("%d pod(s) have no CPU limit and %s: their cores are guessed between their CPU request and their node's allocatable CPU, %s. "+
-		"Enable node_cpu_query (cAdvisor's root cgroup with a node label) or the sidecars' istio_request_duration_milliseconds, or set CPU limits", s.NoLimitPods, missing, effect)
+	return fmt.Sprintf("%d pod(s) have no CPU limit and %s: their cores are guessed between their CPU request and their node's allocatable CPU, which can send them more than they serve. "+fix, s.NoLimitPods, missing)
 }
 
 // cpuOnlyReason explains, for Degraded, why the last cycle's weights rest on CPU

@@ -123,8 +123,8 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 			st := e.pods[pod.Name]
 			switch {
 			case st == nil || st.ceiling <= 0:
-			case now.Sub(st.ceilingAt) > e.params.Expiry:
-				st.ceiling = 0 // too old to speak for the node now
+			case now.Sub(st.ceilingAt) > e.params.Expiry || st.ceilingNode != pod.Node:
+				st.ceiling = 0 // too old, or another node's
 			case !fromRequests && ps.hasCPU:
 				ps.limit = max(st.ceiling, ps.cpu)
 			}
@@ -132,6 +132,9 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 		}
 		st := e.state(pod.Name)
 		st.ceilingAt = now
+		if st.ceilingNode != pod.Node {
+			st.ceiling, st.ceilingNode = 0, pod.Node // another node: start over
+		}
 		if st.ceiling <= 0 {
 			st.ceiling = ps.limit
 		} else {
@@ -166,22 +169,34 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 // nolimits scenarios without node CPU went to thousands of times the
 // oracle's p99). Nothing in CPU alone tells that from a fast pod. So a
 // blind pod keeps the weight of its guessed cores (see coresOf), at the
-// speed of the pods measured, and Result.Learned stays false while it is
+// speed of the pods measured (never at a speed of its own: one from a
+// Seed, or learned before it turned blind, would hold whatever weight it
+// had, a runaway one included), and Result.Learned stays false while it is
 // in the set: the operator keeps LEAST_REQUEST, which steers around its
 // queue if the guess is high. That is Istio's default and what the
 // Service had before, never worse.
-func (e *Engine) markBlind(set []Pod, sig signals) int {
+// A pod without CPU data this cycle keeps what it was: a gap is no news.
+func (e *Engine) markBlind(set []Pod, sig signals) {
 	fromRequests := usesRequests(sig)
-	n := 0
 	for i, pod := range set {
 		ps := sig.pods[i]
-		lo, hi := coresBounds(pod)
-		blind := !fromRequests && !knownCores(pod) && (lo > 0 || hi > 0) && ps.limit <= 0 && ps.hasCPU
-		if blind {
-			n++
+		if !ps.hasCPU {
+			continue
 		}
+		lo, hi := coresBounds(pod)
+		blind := !fromRequests && !knownCores(pod) && (lo > 0 || hi > 0) && ps.limit <= 0
 		if st := e.pods[pod.Name]; st != nil || blind {
 			e.state(pod.Name).blind = blind
+		}
+	}
+}
+
+// unlearned counts the pods of the set marked blind (Result.Unlearned).
+func (e *Engine) unlearned(set []Pod) int {
+	n := 0
+	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil && st.blind {
+			n++
 		}
 	}
 	return n

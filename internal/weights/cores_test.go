@@ -411,3 +411,55 @@ func TestMissingNodeCPUKeepsTheCeilingUntilExpiry(t *testing.T) {
 		t.Errorf("past Expiry without node CPU: Learned %v, %q; want the pods blind", res.Learned, res.Message)
 	}
 }
+
+// Blind pods hold the weight of their guessed cores whatever the engine
+// started from: after a restart seeded with runaway weights (what the
+// ServiceEntry held before blind pods existed), after a cycle without
+// their CPU data (no flip to Learned), and in a low-load cycle.
+func TestBlindPodsHoldTheirGuessedCores(t *testing.T) {
+	set := []Pod{
+		{Name: "c1", CPURequest: 1, NodeCores: 4, Node: "n1"},  // guess: 2 cores
+		{Name: "c8", CPURequest: 1, NodeCores: 16, Node: "n2"}, // guess: 4 cores
+	}
+	for _, limited := range []string{"l1", "l2", "l3", "l4", "l5", "l6", "l7", "l8", "l9", "l10", "l11", "l12", "l13", "l14", "l15", "l16", "l17", "l18", "l19", "l20"} {
+		set = append(set, Pod{Name: limited, Cores: 2})
+	}
+	obs := func(now time.Time, cpu float64, skip string) Observation {
+		o := Observation{Time: now, Signals: map[string]Signal{}}
+		for _, pod := range set {
+			if pod.Name != skip {
+				o.Signals[pod.Name] = Signal{CPU: cpu, Requests: math.NaN()}
+			}
+		}
+		return o
+	}
+	ratio := func(res Result) float64 { return float64(res.Weights["c8"]) / float64(res.Weights["c1"]) }
+	e := New(DefaultParams())
+	now := time.Unix(1000, 0)
+	runaway := map[string]uint32{"c1": 2000, "c8": 111}
+	for _, pod := range set[2:] {
+		runaway[pod.Name] = 1000
+	}
+	e.SeedSettled(now, runaway, Snapshot{})
+	var res Result
+	for range 10 {
+		now = now.Add(30 * time.Second)
+		// 90% of the cores guessed: weights follow cores, not the split.
+		if res = e.Update(set, obs(now, 1.8, "")); res.Changed {
+			e.Applied(now, res.Weights)
+		}
+	}
+	if r := ratio(res); r < 1.8 || r > 2.2 || res.Learned || res.Unlearned != 2 {
+		t.Fatalf("after a seeded restart: weights %v (c8/c1 %.2f, want the guesses' 2), Learned %v, Unlearned %d", res.Weights, r, res.Learned, res.Unlearned)
+	}
+	// c1 has no CPU data for a cycle: it is still blind; 20 limited pods
+	// carry more than 90% of the weight, so only that keeps Learned false.
+	now = now.Add(30 * time.Second)
+	if res = e.Update(set, obs(now, 1.8, "c1")); res.Learned || res.Unlearned != 2 {
+		t.Errorf("a cycle without c1's CPU: Learned %v, Unlearned %d; want false and 2", res.Learned, res.Unlearned)
+	}
+	now = now.Add(30 * time.Second)
+	if res = e.Update(set, obs(now, 0.001, "")); res.Mode != ModeLowLoad || res.Learned || res.Unlearned != 2 {
+		t.Errorf("low load: mode %s, Learned %v, Unlearned %d; want LowLoad, false and 2", res.Mode, res.Learned, res.Unlearned)
+	}
+}

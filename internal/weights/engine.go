@@ -102,8 +102,9 @@ type podState struct {
 	// ceiling averages the CPU the pod could have used (its own plus its
 	// share of its node's idle CPU) over cycles, 0 when unknown; ceilingAt
 	// is the last cycle that observed it.
-	ceiling   float64
-	ceilingAt time.Time
+	ceiling     float64
+	ceilingAt   time.Time
+	ceilingNode string // the Pod.Node the ceiling was observed on
 	// blind: at the last cycle with data the engine ran on CPU alone and
 	// nothing showed the pod's cores (see markBlind).
 	blind bool
@@ -264,7 +265,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 
 	e.smoothCeilings(now, set, sig)
-	blind := e.markBlind(set, sig)
+	e.markBlind(set, sig)
 	e.judgeRecent(set, sig)
 	shares := e.windowShares(now, set)
 	learned := e.learn(now, set, sig, shares)
@@ -312,10 +313,9 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			prefix, 100*res.maxMove, learned.pods, len(set), source)
 	}
 	res.Message += drainMessage(drained, worst, worstQ)
-	if blind > 0 {
-		res.Message += fmt.Sprintf("; %d pod(s) without a CPU limit or node CPU data are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", blind)
+	if res.Unlearned > 0 {
+		res.Message += fmt.Sprintf("; %d pod(s) without a CPU limit or node CPU data are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", res.Unlearned)
 	}
-	res.Unlearned = blind
 	return res.Result
 }
 
@@ -377,12 +377,13 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 	e.last, e.lastAt = weights, now
 	return outcome{
 		Result: Result{
-			Weights:  weights,
-			Changed:  changed,
-			Mode:     mode,
-			Capacity: e.relativeCapacities(set),
-			Message:  msg,
-			Learned:  learned,
+			Weights:   weights,
+			Changed:   changed,
+			Mode:      mode,
+			Capacity:  e.relativeCapacities(set),
+			Message:   msg,
+			Learned:   learned,
+			Unlearned: e.unlearned(set),
 		},
 		maxMove: maxMove,
 	}

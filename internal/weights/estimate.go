@@ -488,7 +488,7 @@ func (e *Engine) rememberClasses(set []Pod) {
 	counts := map[string]int{}
 	for _, pod := range set {
 		st := e.pods[pod.Name]
-		if pod.HardwareClass == "" || st == nil || !st.known {
+		if pod.HardwareClass == "" || st == nil || !st.known || st.blind {
 			continue
 		}
 		sums[pod.HardwareClass] += math.Log(st.capacity)
@@ -599,8 +599,11 @@ func (e *Engine) targets(set []Pod) []float64 {
 func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 	var known, cores []float64
 	podCoresOf := make([]float64, len(set))
+	// A blind pod (see markBlind) has no speed of its own: it gets the
+	// fallback below, at its guessed cores.
+	measured := func(st *podState) bool { return st != nil && st.known && !st.blind }
 	for i, pod := range set {
-		if st := e.pods[pod.Name]; st != nil && st.known {
+		if st := e.pods[pod.Name]; measured(st) {
 			known = append(known, st.capacity)
 		}
 		if c := e.coresOf(pod); c > 0 {
@@ -617,7 +620,7 @@ func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 	perCores = make([]float64, len(set))
 	for i, pod := range set {
 		perCore := fallback
-		if st := e.pods[pod.Name]; st != nil && st.known {
+		if st := e.pods[pod.Name]; measured(st) {
 			perCore = st.capacity
 		} else if c, ok := e.classes[pod.HardwareClass]; ok && e.params.PoolByHardware && pod.HardwareClass != "" {
 			perCore = c
