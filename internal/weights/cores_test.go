@@ -463,3 +463,28 @@ func TestBlindPodsHoldTheirGuessedCores(t *testing.T) {
 		t.Errorf("low load: mode %s, Learned %v, Unlearned %d; want LowLoad, false and 2", res.Mode, res.Learned, res.Unlearned)
 	}
 }
+
+// A held ceiling belongs to the node it was seen on: a pod that comes back
+// on another node (a StatefulSet's pod keeps its name) starts over.
+func TestHeldCeilingIsDroppedOnAnotherNode(t *testing.T) {
+	e := New(DefaultParams())
+	on := func(node string) []Pod { return []Pod{{Name: "p", CPURequest: 1, NodeCores: 4, Node: node}} }
+	now := time.Unix(1000, 0)
+	sig := readSignals(on("n1"), map[string]Signal{"p": {CPU: 1, NodeCPU: 3, Requests: math.NaN()}})
+	e.smoothCeilings(now, on("n1"), sig)
+	if l := sig.pods[0].limit; l != 2 {
+		t.Fatalf("on n1: limit %v, want 2", l)
+	}
+	gap := func(node string) float64 {
+		now = now.Add(30 * time.Second)
+		sig := readSignals(on(node), map[string]Signal{"p": {CPU: 1, Requests: math.NaN()}})
+		e.smoothCeilings(now, on(node), sig)
+		return sig.pods[0].limit
+	}
+	if l := gap("n1"); l != 2 {
+		t.Errorf("n1 without node CPU: limit %v, want the held 2", l)
+	}
+	if l := gap("n2"); l != 0 {
+		t.Errorf("n2 without node CPU: limit %v, want none (n1's ceiling is not n2's)", l)
+	}
+}
