@@ -113,7 +113,6 @@ func ceilings(set []Pod, pods []podSignal) {
 // one series is no news about the pod, and without it a pod would turn
 // blind (see markBlind), and the load balancer flip, for one cycle.
 func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
-	fromRequests := usesRequests(sig)
 	for i, pod := range set {
 		ps := &sig.pods[i]
 		if knownCores(pod) {
@@ -125,7 +124,7 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 			case st == nil || st.ceiling <= 0:
 			case now.Sub(st.ceilingAt) > e.params.Expiry || st.ceilingNode != pod.Node:
 				st.ceiling = 0 // too old, or another node's
-			case !fromRequests && ps.hasCPU:
+			case !sig.fromRequests && ps.hasCPU:
 				ps.limit = max(st.ceiling, ps.cpu)
 			}
 			continue
@@ -140,7 +139,7 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 		} else {
 			st.ceiling = math.Exp((1-ceilingGain)*math.Log(st.ceiling) + ceilingGain*math.Log(ps.limit))
 		}
-		if fromRequests {
+		if sig.fromRequests {
 			// With request rates a backlog is measured, and a pod near its
 			// ceiling judged saturated by the node's noise would be drained
 			// and LEAST_REQUEST kept for nothing: the ceiling only bounds
@@ -177,14 +176,13 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 // Service had before, never worse.
 // A pod without CPU data this cycle keeps what it was: a gap is no news.
 func (e *Engine) markBlind(set []Pod, sig signals) {
-	fromRequests := usesRequests(sig)
 	for i, pod := range set {
 		ps := sig.pods[i]
 		if !ps.hasCPU {
 			continue
 		}
 		lo, hi := coresBounds(pod)
-		blind := !fromRequests && !knownCores(pod) && (lo > 0 || hi > 0) && ps.limit <= 0
+		blind := !sig.fromRequests && !knownCores(pod) && (lo > 0 || hi > 0) && ps.limit <= 0
 		if st := e.pods[pod.Name]; st != nil || blind {
 			e.state(pod.Name).blind = blind
 		}

@@ -74,6 +74,9 @@ type signals struct {
 	withRequests int     // pods with positive CPU and positive requests
 	withLatency  int     // pods with a positive latency
 	meanCPU      float64 // over pods with a CPU value
+	// fromRequests: speeds come from request rates, because at least half
+	// of the pods with CPU data have request data too; else from CPU alone.
+	fromRequests bool
 }
 
 // usable reports whether a signal value is data: NaN, Inf and negative
@@ -114,6 +117,7 @@ func readSignals(set []Pod, obs map[string]Signal) signals {
 	if s.withCPU > 0 {
 		s.meanCPU = total / float64(s.withCPU)
 	}
+	s.fromRequests = s.withRequests > 0 && 2*s.withRequests >= s.withCPU
 	ceilings(set, s.pods)
 	return s
 }
@@ -194,7 +198,7 @@ type learnStats struct {
 // so one pod that really changed does not drag the rest), and then moves
 // each estimate only as far as its range forces it.
 func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan) learnStats {
-	stats := learnStats{fromRequests: usesRequests(sig)}
+	stats := learnStats{fromRequests: sig.fromRequests}
 	sightings := e.sight(now, set, sig, shares, stats.fromRequests)
 	stats.pods = len(sightings)
 	if len(sightings) == 0 {
@@ -250,12 +254,6 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan
 	e.rememberClasses(set)
 	e.normalize(set)
 	return stats
-}
-
-// usesRequests reports whether speeds come from request rates: when at
-// least half of the pods with CPU data have request data too.
-func usesRequests(sig signals) bool {
-	return sig.withRequests > 0 && 2*sig.withRequests >= sig.withCPU
 }
 
 // shareSpan is the least and greatest average traffic share a pod can have
