@@ -99,7 +99,7 @@ func (e *Engine) draining() bool {
 
 // trackBacklogs updates every pod's backlog estimate from this cycle's
 // signals and returns what drainProposal needs.
-func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []shareSpan, fromRequests bool) drainState {
+func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []shareSpan) drainState {
 	ds := drainState{
 		active:  e.draining(),
 		capRate: make([]float64, len(set)),
@@ -109,7 +109,7 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 		ps := sig.pods[i]
 		ds.hot[i] = ps.saturated()
 	}
-	if !ds.active || !fromRequests {
+	if !ds.active || !sig.fromRequests {
 		for _, pod := range set {
 			if st := e.pods[pod.Name]; st != nil {
 				st.backlog, st.backlogs = 0, nil

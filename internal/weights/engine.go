@@ -268,8 +268,8 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	e.markBlind(set, sig)
 	e.judgeRecent(set, sig)
 	shares := e.windowShares(now, set)
-	learned := e.learn(now, set, sig, shares)
-	e.lastFromRequests = learned.fromRequests
+	learnedFrom := e.learn(now, set, sig, shares)
+	e.lastFromRequests = sig.fromRequests
 	e.lastWithLatency = sig.withLatency > 0
 	e.estimateCores(now, set, sig, shares)
 	load := e.offeredLoad(set, sig)
@@ -286,7 +286,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	if slices.ContainsFunc(sig.pods, podSignal.saturated) {
 		e.splitLoad = 0
 	}
-	ds := e.trackBacklogs(now, set, sig, shares, learned.fromRequests)
+	ds := e.trackBacklogs(now, set, sig, shares)
 	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
 		e.cycle = now.Sub(e.lastUpdate)
 	}
@@ -298,7 +298,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 	res := e.finish(now, set, ModeOptimizing, proposal, true, "")
 	source := "CPU and the weights held"
-	if learned.fromRequests {
+	if sig.fromRequests {
 		source = "requests per CPU-second"
 	}
 	prefix := ""
@@ -307,10 +307,10 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 	if res.Mode == ModeSteady {
 		res.Message = fmt.Sprintf("%sSteady: the largest gap to a target, %.1f%%, is inside the %.0f%% dead band plus measured noise; learned from %d of %d pods using %s",
-			prefix, 100*res.maxMove, 100*e.params.DeadBand, learned.pods, len(set), source)
+			prefix, 100*res.maxMove, 100*e.params.DeadBand, learnedFrom, len(set), source)
 	} else {
 		res.Message = fmt.Sprintf("%sOptimizing: weights moved by up to %.1f%%; learned from %d of %d pods using %s",
-			prefix, 100*res.maxMove, learned.pods, len(set), source)
+			prefix, 100*res.maxMove, learnedFrom, len(set), source)
 	}
 	res.Message += drainMessage(drained, worst, worstQ)
 	if res.Unlearned > 0 {

@@ -181,12 +181,6 @@ type sighting struct {
 	saturated bool
 }
 
-// learnStats says what a cycle learned from.
-type learnStats struct {
-	pods         int
-	fromRequests bool
-}
-
 // learn folds one observation into the capacity estimates.
 //
 // A pod's speed per core shows in two ways. With request rates, it is
@@ -196,13 +190,12 @@ type learnStats struct {
 // numbers are in units that change with the total load, so each cycle
 // first finds the one scale that best fits the current estimates (a median,
 // so one pod that really changed does not drag the rest), and then moves
-// each estimate only as far as its range forces it.
-func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan) learnStats {
-	stats := learnStats{fromRequests: sig.fromRequests}
-	sightings := e.sight(now, set, sig, shares, stats.fromRequests)
-	stats.pods = len(sightings)
+// each estimate only as far as its range forces it. It returns how many
+// pods it learned from.
+func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan) int {
+	sightings := e.sight(now, set, sig, shares)
 	if len(sightings) == 0 {
-		return stats
+		return 0
 	}
 	scale := e.fitScale(set, sightings)
 	// A saturated pod seen for the first time shows only a bound, which its
@@ -253,7 +246,7 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan
 	e.measureNoise(residuals)
 	e.rememberClasses(set)
 	e.normalize(set)
-	return stats
+	return len(sightings)
 }
 
 // shareSpan is the least and greatest average traffic share a pod can have
@@ -290,7 +283,8 @@ func (e *Engine) warming(pod Pod, now time.Time) bool {
 // sight turns the signals into sightings, skipping pods the data cannot
 // speak for: no CPU, joined or warming up within the window, or (with
 // request rates) no requests.
-func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan, fromRequests bool) []sighting {
+func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan) []sighting {
+	fromRequests := sig.fromRequests
 	// With CPU alone a pod's speed is its traffic share per CPU-second,
 	// and the share follows the engine's weights only once they are live:
 	// not over the Service's history before them, when Istio's
