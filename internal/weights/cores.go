@@ -167,14 +167,15 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 // the faster the more it is sent, and its weight runs away (the bench's
 // nolimits scenarios without node CPU went to thousands of times the
 // oracle's p99). Nothing in CPU alone tells that from a fast pod. So a
-// blind pod keeps the weight of its guessed cores (see coresOf), at the
-// speed of the pods measured (never at a speed of its own: one from a
-// Seed, or learned before it turned blind, would hold whatever weight it
-// had, a runaway one included), and Result.Learned stays false while it is
-// in the set: the operator keeps LEAST_REQUEST, which steers around its
-// queue if the guess is high. That is Istio's default and what the
-// Service had before, never worse.
-// A pod without CPU data this cycle keeps what it was: a gap is no news.
+// blind pod is not sighted (see sight) and has no estimate of its own
+// (one from a Seed, or learned before it turned blind, would hold whatever
+// weight it had, a runaway one included), so it is weighted like any pod
+// without an estimate: the speed of the pods measured, at its guessed
+// cores (see coresOf). Result.Learned stays false while it is in the set:
+// the operator keeps LEAST_REQUEST, which steers around its queue if the
+// guess is high. That is Istio's default and what the Service had
+// before, never worse. A pod without CPU data this cycle stays as it was:
+// a gap is no news.
 func (e *Engine) markBlind(set []Pod, sig signals) {
 	for i, pod := range set {
 		ps := sig.pods[i]
@@ -183,8 +184,13 @@ func (e *Engine) markBlind(set []Pod, sig signals) {
 		}
 		lo, hi := coresBounds(pod)
 		blind := !sig.fromRequests && !knownCores(pod) && (lo > 0 || hi > 0) && ps.limit <= 0
-		if st := e.pods[pod.Name]; st != nil || blind {
-			e.state(pod.Name).blind = blind
+		st := e.pods[pod.Name]
+		switch {
+		case blind:
+			st = e.state(pod.Name)
+			st.blind, st.known, st.fromData, st.measurements = true, false, false, 0
+		case st != nil:
+			st.blind = false
 		}
 	}
 }

@@ -480,7 +480,7 @@ func (e *Engine) rememberClasses(set []Pod) {
 	counts := map[string]int{}
 	for _, pod := range set {
 		st := e.pods[pod.Name]
-		if pod.HardwareClass == "" || st == nil || !st.known || st.blind {
+		if pod.HardwareClass == "" || st == nil || !st.known {
 			continue
 		}
 		sums[pod.HardwareClass] += math.Log(st.capacity)
@@ -591,11 +591,8 @@ func (e *Engine) targets(set []Pod) []float64 {
 func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 	var known, cores []float64
 	podCoresOf := make([]float64, len(set))
-	// A blind pod (see markBlind) has no speed of its own: it gets the
-	// fallback below, at its guessed cores.
-	measured := func(st *podState) bool { return st != nil && st.known && !st.blind }
 	for i, pod := range set {
-		if st := e.pods[pod.Name]; measured(st) {
+		if st := e.pods[pod.Name]; st != nil && st.known {
 			known = append(known, st.capacity)
 		}
 		if c := e.coresOf(pod); c > 0 {
@@ -612,7 +609,7 @@ func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
 	perCores = make([]float64, len(set))
 	for i, pod := range set {
 		perCore := fallback
-		if st := e.pods[pod.Name]; measured(st) {
+		if st := e.pods[pod.Name]; st != nil && st.known {
 			perCore = st.capacity
 		} else if c, ok := e.classes[pod.HardwareClass]; ok && e.params.PoolByHardware && pod.HardwareClass != "" {
 			perCore = c

@@ -53,14 +53,12 @@ func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
 	}
 	unsettled := 0.0
 	for _, pod := range set {
-		if st := e.pods[pod.Name]; st != nil && st.blind {
-			// CPU alone and no ceiling: an overload would not show.
-			return false
-		}
-		if st := e.pods[pod.Name]; st != nil && (st.hot || st.drainOr1() < 1) {
-			// Overloaded, or with a backlog: whatever its share, a queue
-			// grows or waits there, which LEAST_REQUEST steers around
-			// within a request and weights only within a cycle.
+		if st := e.pods[pod.Name]; st != nil && (st.hot || st.drainOr1() < 1 || st.blind) {
+			// Overloaded, with a backlog, or where an overload would not
+			// show (CPU alone and no ceiling, see markBlind): whatever its
+			// share, a queue grows or may grow there, which LEAST_REQUEST
+			// steers around within a request and weights only within a
+			// cycle.
 			return false
 		}
 		if e.settled(pod, e.lastFromRequests) {
