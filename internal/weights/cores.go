@@ -118,26 +118,23 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 		if knownCores(pod) {
 			continue
 		}
-		if ps.limit <= 0 {
-			st := e.pods[pod.Name]
-			switch {
-			case st == nil || st.ceiling <= 0:
-			case now.Sub(st.ceilingAt) > e.params.Expiry || st.ceilingNode != pod.Node:
-				st.ceiling = 0 // too old, or another node's
-			case !sig.fromRequests && ps.hasCPU:
-				ps.limit = max(st.ceiling, ps.cpu)
+		st := e.pods[pod.Name]
+		if st != nil && (st.ceilingNode != pod.Node || now.Sub(st.ceilingAt) > e.params.Expiry) {
+			st.ceiling = 0 // another node's, or too old to speak for it
+		}
+		window := math.Inf(1) // no ceiling this window: the average stands
+		if ps.limit > 0 {
+			window = ps.limit
+			st = e.state(pod.Name)
+			st.ceilingAt, st.ceilingNode = now, pod.Node
+			if st.ceiling <= 0 {
+				st.ceiling = window
+			} else {
+				st.ceiling = math.Exp((1-ceilingGain)*math.Log(st.ceiling) + ceilingGain*math.Log(window))
 			}
+		}
+		if st == nil || st.ceiling <= 0 {
 			continue
-		}
-		st := e.state(pod.Name)
-		st.ceilingAt = now
-		if st.ceilingNode != pod.Node {
-			st.ceiling, st.ceilingNode = 0, pod.Node // another node: start over
-		}
-		if st.ceiling <= 0 {
-			st.ceiling = ps.limit
-		} else {
-			st.ceiling = math.Exp((1-ceilingGain)*math.Log(st.ceiling) + ceilingGain*math.Log(ps.limit))
 		}
 		if sig.fromRequests {
 			// With request rates a backlog is measured, and a pod near its
@@ -152,7 +149,7 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 		// this window's ceiling and the average: the idle CPU a saturated
 		// pod's node shows is noise around zero, which the average holds
 		// above its use. It used what it used, whatever either says.
-		ps.limit = max(min(st.ceiling, ps.limit), ps.cpu)
+		ps.limit = max(min(st.ceiling, window), ps.cpu)
 	}
 }
 
