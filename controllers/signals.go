@@ -99,13 +99,17 @@ func b2f(b bool) float64 {
 // is how many of them the engine weights by that guess alone and keeps
 // LEAST_REQUEST for (weights.Result.Unlearned).
 func coresUnknownReason(s Signals, unlearned int) string {
-	const fix = "Enable node_cpu_query (cAdvisor's root cgroup with a node label) or the sidecars' istio_request_duration_milliseconds, or set CPU limits"
+	const (
+		format = "%d pod(s) have no CPU limit and %s: their cores are guessed between their CPU request and their node's allocatable CPU, %s. " +
+			"Enable node_cpu_query (cAdvisor's root cgroup with a node label) or the sidecars' istio_request_duration_milliseconds, or set CPU limits"
+		overload = "which can send them more than they serve"
+	)
 	if unlearned > 0 {
 		// See weights.markBlind: with CPU alone their overload would not
 		// show. Said whatever the other pods' node CPU: a node pool
 		// without the series is enough.
-		return fmt.Sprintf("%d pod(s) have no CPU limit and no node CPU data: their cores are guessed between their CPU request and their node's allocatable CPU, "+
-			"and, with CPU alone, nothing shows when they get more than they serve: they are weighted by that guess, not learned from, and LEAST_REQUEST is kept instead of ROUND_ROBIN. "+fix, unlearned)
+		return fmt.Sprintf(format, unlearned, "no node CPU data",
+			"and, with CPU alone, nothing shows when they get more than they serve: they are weighted by that guess, not learned from, and LEAST_REQUEST is kept instead of ROUND_ROBIN")
 	}
 	if s.NoLimitPods == 0 || !s.CPU || s.NodeCPU || (s.Requests && s.Latency) {
 		return ""
@@ -117,7 +121,7 @@ func coresUnknownReason(s Signals, unlearned int) string {
 	if s.Requests {
 		missing += ", nor the sidecars' latency"
 	}
-	return fmt.Sprintf("%d pod(s) have no CPU limit and %s: their cores are guessed between their CPU request and their node's allocatable CPU, which can send them more than they serve. "+fix, s.NoLimitPods, missing)
+	return fmt.Sprintf(format, s.NoLimitPods, missing, overload)
 }
 
 // cpuOnlyReason explains, for Degraded, why the last cycle's weights rest on CPU
