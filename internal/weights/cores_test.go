@@ -1,6 +1,7 @@
 package weights
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -421,8 +422,8 @@ func TestBlindPodsHoldTheirGuessedCores(t *testing.T) {
 		{Name: "c1", CPURequest: 1, NodeCores: 4, Node: "n1"},  // guess: 2 cores
 		{Name: "c8", CPURequest: 1, NodeCores: 16, Node: "n2"}, // guess: 4 cores
 	}
-	for _, limited := range []string{"l1", "l2", "l3", "l4", "l5", "l6", "l7", "l8", "l9", "l10", "l11", "l12", "l13", "l14", "l15", "l16", "l17", "l18", "l19", "l20"} {
-		set = append(set, Pod{Name: limited, Cores: 2})
+	for k := range 20 {
+		set = append(set, Pod{Name: fmt.Sprintf("l%d", k), Cores: 2})
 	}
 	obs := func(now time.Time, cpu float64, skip string) Observation {
 		o := Observation{Time: now, Signals: map[string]Signal{}}
