@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -348,8 +349,27 @@ func (p *Prometheus) Restart() error {
 }
 
 // Pause freezes Prometheus (SIGSTOP): connections are accepted by the kernel but
-// never answered, so queries run into their timeouts. Resume undoes it.
-func (p *Prometheus) Pause() error { return p.signal(syscall.SIGSTOP) }
+// never answered, so queries run into their timeouts. Resume undoes it. It
+// returns once the process is stopped: kill(2) only queues the signal, and
+// on a busy machine a query sent right after it was still answered.
+func (p *Prometheus) Pause() error {
+	if err := p.signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	cmd, _ := p.current()
+	stat := fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return nil // no procfs: the signal is all there is
+		}
+		// pid (comm) state ...: comm may hold spaces, the state follows its ")".
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return nil
+		}
+	}
+	return errors.New("prometheus did not stop within 5s of SIGSTOP")
+}
 
 // Resume continues a paused Prometheus (SIGCONT).
 func (p *Prometheus) Resume() error { return p.signal(syscall.SIGCONT) }
