@@ -262,6 +262,8 @@ func writeTargets(w io.Writer, rs []TargetResult, seeds []uint64) {
 		}
 		verdict := "yes"
 		switch {
+		case all && tg.Miss != "":
+			verdict = "yes (a known miss, held here)"
 		case !all && tg.Miss != "":
 			verdict = "no (known: " + tg.Miss + ")"
 		case !all:
