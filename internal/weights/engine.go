@@ -443,6 +443,9 @@ func canonicalPods(pods []Pod) []Pod {
 			cmp.Compare(a.HardwareClass, b.HardwareClass),
 			a.ReadySince.Compare(b.ReadySince),
 			cmp.Compare(a.Cores, b.Cores),
+			cmp.Compare(a.CPURequest, b.CPURequest),
+			cmp.Compare(a.NodeCores, b.NodeCores),
+			cmp.Compare(a.Node, b.Node),
 		)
 	})
 	return slices.CompactFunc(set, func(a, b Pod) bool { return a.Name == b.Name })

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -519,5 +520,37 @@ func TestOrderOfPodsDoesNotMatter(t *testing.T) {
 		if fmt.Sprint(r1) != fmt.Sprint(r2) {
 			t.Fatalf("cycle %d differs:\n%v\n%v", k+1, r1, r2)
 		}
+	}
+}
+
+// Two pods of one name that differ in any field of Pod resolve to the same
+// one whatever their order: every field is part of canonicalPods' key (a
+// field added without it made results depend on pod order, which
+// FuzzUpdate found).
+func TestCanonicalPodsIgnoresOrderForEveryField(t *testing.T) {
+	typ := reflect.TypeFor[Pod]()
+	for i := range typ.NumField() {
+		field := typ.Field(i)
+		if field.Name == "Name" {
+			continue
+		}
+		t.Run(field.Name, func(t *testing.T) {
+			a, b := Pod{Name: "dup"}, Pod{Name: "dup"}
+			f := reflect.ValueOf(&b).Elem().Field(i)
+			switch f.Kind() {
+			case reflect.String:
+				f.SetString("x")
+			case reflect.Float64:
+				f.SetFloat(2)
+			case reflect.Struct: // time.Time
+				f.Set(reflect.ValueOf(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)))
+			default:
+				t.Fatalf("field %s of kind %s: teach this test to set it", field.Name, f.Kind())
+			}
+			one, other := canonicalPods([]Pod{a, b}), canonicalPods([]Pod{b, a})
+			if len(one) != 1 || !reflect.DeepEqual(one, other) {
+				t.Errorf("canonicalPods kept %+v for one order and %+v for the other", one, other)
+			}
+		})
 	}
 }
