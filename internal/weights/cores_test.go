@@ -170,6 +170,74 @@ func TestLatencySplit(t *testing.T) {
 	}
 }
 
+// Speeds within each other's band are pooled (their geometric mean), so
+// the split treats pods the estimates cannot tell apart alike; runs are
+// bounded by the band of their slowest member, not chained without end.
+func TestPoolSpeeds(t *testing.T) {
+	tests := map[string]struct {
+		v, tol, want []float64
+	}{
+		"a class within the band shares its geometric mean": {
+			v: []float64{0.6, 1, 0.61, 0.35}, tol: []float64{0.05, 0.05, 0.05, 0.05},
+			want: []float64{math.Sqrt(0.6 * 0.61), 1, math.Sqrt(0.6 * 0.61), 0.35},
+		},
+		"apart by more than the band: kept": {
+			v: []float64{1, 1.1}, tol: []float64{0.05, 0.05},
+			want: []float64{1, 1.1},
+		},
+		"a noisy pod's wider band pools it": {
+			v: []float64{1, 1.1}, tol: []float64{0.05, 0.2},
+			want: []float64{math.Sqrt(1.1), math.Sqrt(1.1)},
+		},
+		"no chaining past the slowest member's band": {
+			v: []float64{1, 1.04, 1.08, 1.12}, tol: []float64{0.05, 0.05, 0.05, 0.05},
+			want: []float64{math.Sqrt(1.04), math.Sqrt(1.04), math.Sqrt(1.08 * 1.12), math.Sqrt(1.08 * 1.12)},
+		},
+		"empty": {},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			in := slices.Clone(tc.v)
+			got := poolSpeeds(tc.v, tc.tol)
+			if !slices.Equal(tc.v, in) {
+				t.Errorf("input changed to %v", tc.v)
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for i := range got {
+				if !near(got[i], tc.want[i], 1e-12) {
+					t.Errorf("got %v, want %v", got, tc.want)
+					break
+				}
+			}
+		})
+	}
+}
+
+// At low load the split sends the traffic the fast pods should not take to
+// the next class; with speeds pooled, two pods of that class whose
+// estimates differ by noise share it evenly instead of one taking it all.
+func TestPooledSplitSharesWithinAClass(t *testing.T) {
+	cores := []float64{2, 2, 2, 2}
+	speed := []float64{1, 1, 0.6, 0.612} // the mids 2% apart: noise
+	load := 0.3 * (2*2*1 + 2*2*0.6)
+	raw, ok := latencySplit(cores, speed, load)
+	if !ok {
+		t.Fatal("no split")
+	}
+	if raw[2] > 0.8*raw[3] {
+		t.Fatalf("unpooled split %v: the test needs the mids treated unevenly", raw)
+	}
+	pooled, ok := latencySplit(cores, poolSpeeds(speed, []float64{0.05, 0.05, 0.05, 0.05}), load)
+	if !ok {
+		t.Fatal("no pooled split")
+	}
+	if !(pooled[2] > 0) || !near(pooled[2], pooled[3], 1e-9) {
+		t.Errorf("pooled split %v: want the two mids equal and in use", pooled)
+	}
+}
+
 // A pod without a limit could use its own CPU plus its share of what its
 // node leaves idle; pods of the set on one node share that idle CPU in
 // proportion to their use; a limit wins; without the node's figures

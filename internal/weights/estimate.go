@@ -571,7 +571,8 @@ func (e *Engine) targets(set []Pod) []float64 {
 	if !(use < splitNoneFrom) {
 		return caps
 	}
-	split, ok := latencySplit(cores, perCore, e.splitLoad)
+	// Speeds the estimates cannot tell apart split alike (poolSpeeds).
+	split, ok := latencySplit(cores, poolSpeeds(perCore, e.moveBands(set)), e.splitLoad)
 	if !ok {
 		return caps
 	}
