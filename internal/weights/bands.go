@@ -14,13 +14,29 @@ import "math"
 // band, so that the early error is corrected at a known moment rather than
 // by chance much later, when noise happens to carry it past the band.
 func (e *Engine) moveBands(set []Pod) []float64 {
+	return e.bands(set, true)
+}
+
+// poolBands returns, per pod, how far above a slower pod's speed its own
+// may be for the split to take the two as equal (see poolSpeeds): the dead
+// band plus the estimate's noise, as for a write, without the
+// refinement's narrower band (a pod would leave its pool for the one cycle
+// it is refined in, and rejoin after that write).
+func (e *Engine) poolBands(set []Pod) []float64 {
+	return e.bands(set, false)
+}
+
+// bands is the dead band plus noiseSigmas standard deviations of each
+// pod's smoothed estimate; with refine, a quarter of the dead band for a
+// pod whose weight is due its refinement.
+func (e *Engine) bands(set []Pod, refine bool) []float64 {
 	out := make([]float64, len(set))
 	inflation := e.overlapInflation()
 	for i, pod := range set {
 		band, g := e.params.DeadBand, 1.0
 		if st := e.pods[pod.Name]; st != nil && st.known {
 			g = e.gain(st)
-			if e.refinable(st) {
+			if refine && e.refinable(st) {
 				band /= 4
 			}
 		}

@@ -193,19 +193,39 @@ func TestPoolSpeeds(t *testing.T) {
 			v: []float64{1, 1.04, 1.08, 1.12}, tol: []float64{0.05, 0.05, 0.05, 0.05},
 			want: []float64{math.Sqrt(1.04), math.Sqrt(1.04), math.Sqrt(1.08 * 1.12), math.Sqrt(1.08 * 1.12)},
 		},
+		"a young pod's wide band pools nobody else": {
+			v: []float64{0.75, 0.8, 1, 1.005, 1}, tol: []float64{0.4, 0.01, 0.01, 0.01, 0.01},
+			want: []float64{0.75, 0.8, math.Cbrt(1.005), math.Cbrt(1.005), math.Cbrt(1.005)},
+		},
+		"a young pod joins a run within its own band": {
+			v: []float64{1, 1.01, 1.3}, tol: []float64{0.01, 0.01, 0.4},
+			want: []float64{math.Cbrt(1.01 * 1.3), math.Cbrt(1.01 * 1.3), math.Cbrt(1.01 * 1.3)},
+		},
+		"a run of one keeps its speed exactly": {
+			v: []float64{0.1 + 0.2}, tol: []float64{0.05},
+			want: []float64{0.1 + 0.2},
+		},
+		"NaN stays alone and ends": {
+			v: []float64{math.NaN(), 1, 1.01}, tol: []float64{math.NaN(), 0.05, 0.05},
+			want: []float64{math.NaN(), math.Sqrt(1.01), math.Sqrt(1.01)},
+		},
 		"empty": {},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			in := slices.Clone(tc.v)
 			got := poolSpeeds(tc.v, tc.tol)
-			if !slices.Equal(tc.v, in) {
+			same := func(a, b float64) bool { return a == b || math.IsNaN(a) && math.IsNaN(b) }
+			if !slices.EqualFunc(tc.v, in, same) {
 				t.Errorf("input changed to %v", tc.v)
 			}
 			if len(got) != len(tc.want) {
 				t.Fatalf("got %v, want %v", got, tc.want)
 			}
 			for i := range got {
+				if math.IsNaN(tc.want[i]) && math.IsNaN(got[i]) {
+					continue
+				}
 				if !near(got[i], tc.want[i], 1e-12) {
 					t.Errorf("got %v, want %v", got, tc.want)
 					break

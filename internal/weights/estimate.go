@@ -572,7 +572,7 @@ func (e *Engine) targets(set []Pod) []float64 {
 		return caps
 	}
 	// Speeds the estimates cannot tell apart split alike (poolSpeeds).
-	split, ok := latencySplit(cores, poolSpeeds(perCore, e.moveBands(set)), e.splitLoad)
+	split, ok := latencySplit(cores, poolSpeeds(perCore, e.poolBands(set)), e.splitLoad)
 	if !ok {
 		return caps
 	}

@@ -135,34 +135,42 @@ func (e *Engine) offeredLoad(set []Pod, sig signals) float64 {
 }
 
 // poolSpeeds returns the speeds per core with every run of speeds that lie
-// within the band of the run's slowest member or their own (tol, per pod:
-// its move band, the dead band plus what its estimate's noise could
-// explain) replaced by their geometric mean. The split is a threshold
-// rule: a pod whose time at zero load is above the common marginal cost
-// gets nothing, so among pods of one hardware class, whose estimates differ
-// only by noise, it would send the traffic the fast pods should not take
-// to whichever estimate is a hair faster, and to another one the next
-// cycle: a write each time, for a few percent of the traffic (the bench's
-// hetero3-20-lowload wrote 34 times in 20 minutes, 12 with pooling). Speeds
-// the weights cannot resolve are taken as equal, so such pods share that
-// traffic evenly. A run is measured from its slowest member, so a ladder
-// of speeds a band apart is not chained into one.
+// within their own band (tol, per pod: see poolBands) of the run's slowest
+// member replaced by their geometric mean.
+// The split is a threshold rule: a pod whose time at zero load is above
+// the common marginal cost gets nothing, so among pods of one hardware
+// class, whose estimates differ only by noise, it would send the traffic
+// the fast pods should not take to whichever estimate is a hair faster,
+// and to another one the next cycle: a write each time, for a few percent
+// of the traffic (the bench's hetero3-20-lowload wrote 34 times in 20
+// minutes). Speeds the weights cannot resolve are taken as equal, so such
+// pods share that traffic evenly. A run is measured from its slowest
+// member, so a ladder of speeds a band apart is not chained into one, and
+// by each candidate's own band, so a young pod's wide band takes it into a
+// run but does not pool well-measured pods of unlike speeds. A run of one
+// keeps its speed exactly, and a speed that compares to nothing (NaN)
+// stays alone.
 func poolSpeeds(v []float64, tol []float64) []float64 {
 	order := make([]int, len(v))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(v[a], v[b]) })
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Compare(v[a], v[b])
+	})
 	out := slices.Clone(v)
 	for start := 0; start < len(order); {
-		end, logSum := start, 0.0
-		for end < len(order) && v[order[end]] <= v[order[start]]*(1+max(tol[order[start]], tol[order[end]])) {
+		first := order[start]
+		end, logSum := start+1, math.Log(v[first])
+		for end < len(order) && v[order[end]] <= v[first]*(1+tol[order[end]]) {
 			logSum += math.Log(v[order[end]])
 			end++
 		}
-		mean := math.Exp(logSum / float64(end-start))
-		for _, i := range order[start:end] {
-			out[i] = mean
+		if end-start > 1 {
+			mean := math.Exp(logSum / float64(end-start))
+			for _, i := range order[start:end] {
+				out[i] = mean
+			}
 		}
 		start = end
 	}
