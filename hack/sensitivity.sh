@@ -47,8 +47,11 @@ summarise() {
 	}
 	END {
 		if (!total) { print "no targets in the output" > "/dev/stderr"; exit 1 }
-		row = "| " label " | " def " | " tried " | " held "/" total " | " (breaks ? breaks : "none") " |"
-		for (k = 1; k <= nw; k++) row = row " " watched[k] " |"
+		row = "| " label " | " def " | " tried " | " held+0 "/" total " | " (breaks ? breaks : "none") " |"
+		for (k = 1; k <= nw; k++) {
+			if (!(k in watched)) { print "no target named \"" w[k] "...\" in the output" > "/dev/stderr"; exit 1 }
+			row = row " " watched[k] " |"
+		}
 		print row
 	}' "$work/out"
 }
@@ -62,15 +65,16 @@ run() {
 }
 
 # constant FILE NAME DEFAULT TRIED builds the bench with NAME = TRIED in
-# FILE (checking that NAME = DEFAULT is there) and runs it.
+# FILE (checking that FILE has exactly one line NAME = DEFAULT) and runs it.
 constant() {
 	local file=$1 name=$2 def=$3 tried=$4
 	local edited=$work/$(basename "$file")
-	sed -E "s/^([[:space:]]*(const )?$name[[:space:]]*=[[:space:]]*)$def\$/\1$tried/" "$file" >"$edited"
-	if cmp -s "$file" "$edited"; then
-		echo "sensitivity: no line \"$name = $def\" in $file" >&2
+	local line="^([[:space:]]*(const )?$name[[:space:]]*=[[:space:]]*)$def\$"
+	if [ "$(grep -cE "$line" "$file")" != 1 ]; then
+		echo "sensitivity: not exactly one line \"$name = $def\" in $file" >&2
 		exit 1
 	fi
+	sed -E "s/$line/\1$tried/" "$file" >"$edited"
 	printf '{"Replace": {"%s": "%s"}}\n' "$PWD/$file" "$edited" >"$work/overlay.json"
 	go build -overlay "$work/overlay.json" -o "$work/bench-edited" ./test/bench
 	run "$name" "$def" "$tried" "$work/bench-edited"
