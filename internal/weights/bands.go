@@ -17,11 +17,10 @@ func (e *Engine) moveBands(set []Pod) []float64 {
 	return e.bands(set, true)
 }
 
-// poolBands returns, per pod, how far above a slower pod's speed its own
-// may be for the split to take the two as equal (see poolSpeeds): the dead
-// band plus the estimate's noise, as for a write, without the
-// refinement's narrower band (a pod would leave its pool for the one cycle
-// it is refined in, and rejoin after that write).
+// poolBands returns, per pod, the scale on which the split tells its
+// speed from another's (see poolSpeeds): the dead band plus the estimate's
+// noise, as for a write, without the refinement's narrower band (a pod
+// would be pooled less for the one cycle it is refined in).
 func (e *Engine) poolBands(set []Pod) []float64 {
 	return e.bands(set, false)
 }

@@ -115,11 +115,12 @@
 //     is the same. The offered load is the pods' busy cores times their
 //     speeds per core, averaged over cycles. At low load this sends less
 //     to slow pods (those whose time per request at zero load is above the
-//     common marginal cost get only the MaxRatio floor). A speed within
-//     its own band (the dead band plus its estimate's noise) of a slower
-//     pod's is pooled with it for the split, so pods of one class share
-//     what it gives them instead of the one a hair faster by noise taking
-//     it all, a different one each cycle. It is used in
+//     common marginal cost get only the MaxRatio floor). For the split,
+//     speeds within a few bands (the dead band plus the estimates' noise)
+//     of each other are drawn together, smoothly (see poolSpeeds), so pods
+//     of one class share what it gives them instead of the one a hair
+//     faster by noise taking it all, a different one each cycle. It is
+//     used in
 //     full below 40% of the capacity and blended linearly into step 1's
 //     capacity shares by 60%: a busy Service needs even utilisation, and
 //     ROUND_ROBIN's contract is capacity-proportional traffic. Without CPU

@@ -134,45 +134,60 @@ func (e *Engine) offeredLoad(set []Pod, sig signals) float64 {
 	return sum
 }
 
-// poolSpeeds returns the speeds per core with every run of speeds that lie
-// within their own band (tol, per pod: see poolBands) of the run's slowest
-// member replaced by their geometric mean.
-// The split is a threshold rule: a pod whose time at zero load is above
-// the common marginal cost gets nothing, so among pods of one hardware
-// class, whose estimates differ only by noise, it would send the traffic
-// the fast pods should not take to whichever estimate is a hair faster,
-// and to another one the next cycle: a write each time, for a few percent
-// of the traffic (the bench's hetero3-20-lowload wrote 34 times in 20
-// minutes). Speeds the weights cannot resolve are taken as equal, so such
-// pods share that traffic evenly. A run is measured from its slowest
-// member, so a ladder of speeds a band apart is not chained into one, and
-// by each candidate's own band, so a young pod's wide band takes it into a
-// run but does not pool well-measured pods of unlike speeds. A run of one
-// keeps its speed exactly, and a speed that compares to nothing (NaN)
-// stays alone.
+// poolSpeeds returns the speeds per core drawn together where the
+// estimates cannot tell them apart: each is replaced by a weighted
+// geometric mean of the speeds near it, pod j weighing (1-(d/3)²)² (zero
+// from d = 3: poolReach) for d the log distance of the two speeds over the
+// narrower of the two pods' bands (tol, see poolBands). The split is a
+// threshold rule: a pod whose time at zero load is above the common
+// marginal cost gets nothing, so among pods of one hardware class, whose
+// estimates differ only by noise, it would send the traffic the fast pods
+// should not take to whichever estimate is a hair faster, and to another
+// one the next cycle: a write each time, for a few percent of the traffic
+// (the bench's hetero3-20-lowload wrote 34 times in 20 minutes). Speeds a
+// fraction of a band apart come out all but equal, so such pods share that
+// traffic evenly; speeds three bands apart or more are untouched. The
+// weights are smooth in the speeds, so a speed drifting across a band
+// moves the pooled speeds a little, not a class from one pool to another
+// (a hard cut did, on classes 7% apart); the narrower band keeps a young
+// pod's wide band from pulling well-measured pods. A speed that is not
+// positive and finite is left as it is and pools with none. The cost is
+// the pairs within reach: all of them for a Service of one class.
 func poolSpeeds(v []float64, tol []float64) []float64 {
-	order := make([]int, len(v))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		return cmp.Compare(v[a], v[b])
-	})
 	out := slices.Clone(v)
-	for start := 0; start < len(order); {
-		first := order[start]
-		end, logSum := start+1, math.Log(v[first])
-		for end < len(order) && v[order[end]] <= v[first]*(1+tol[order[end]]) {
-			logSum += math.Log(v[order[end]])
-			end++
+	type speed struct {
+		log, tol float64
+		i        int
+	}
+	sorted := make([]speed, 0, len(v))
+	for i := range v {
+		if v[i] > 0 && !math.IsInf(v[i], 0) && tol[i] > 0 {
+			sorted = append(sorted, speed{math.Log(v[i]), tol[i], i})
 		}
-		if end-start > 1 {
-			mean := math.Exp(logSum / float64(end-start))
-			for _, i := range order[start:end] {
-				out[i] = mean
-			}
+	}
+	slices.SortStableFunc(sorted, func(a, b speed) int { return cmp.Compare(a.log, b.log) })
+	lo := 0
+	for _, s := range sorted {
+		// Only pods within poolReach of its own band can weigh anything.
+		reach := poolReach * s.tol
+		for s.log-sorted[lo].log > reach {
+			lo++
 		}
-		start = end
+		for lo > 0 && s.log-sorted[lo-1].log <= reach {
+			lo--
+		}
+		sum, logSum := 0.0, 0.0
+		for b := lo; b < len(sorted) && sorted[b].log-s.log <= reach; b++ {
+			d := (s.log - sorted[b].log) / min(s.tol, sorted[b].tol) / poolReach
+			k := max(0, 1-d*d)
+			k *= k
+			sum += k
+			logSum += k * sorted[b].log
+		}
+		out[s.i] = math.Exp(logSum / sum)
 	}
 	return out
 }
+
+// poolReach: see poolSpeeds.
+const poolReach = 3
