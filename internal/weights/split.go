@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"math"
 	"slices"
+	"sort"
 )
 
 // Capacity shares give every pod the same utilisation, which is what a
@@ -166,16 +167,10 @@ func poolSpeeds(v []float64, tol []float64) []float64 {
 		}
 	}
 	slices.SortStableFunc(sorted, func(a, b speed) int { return cmp.Compare(a.log, b.log) })
-	lo := 0
 	for _, s := range sorted {
 		// Only pods within poolReach of its own band can weigh anything.
 		reach := poolReach * s.tol
-		for s.log-sorted[lo].log > reach {
-			lo++
-		}
-		for lo > 0 && s.log-sorted[lo-1].log <= reach {
-			lo--
-		}
+		lo := sort.Search(len(sorted), func(k int) bool { return s.log-sorted[k].log <= reach })
 		sum, logSum := 0.0, 0.0
 		for b := lo; b < len(sorted) && sorted[b].log-s.log <= reach; b++ {
 			d := (s.log - sorted[b].log) / min(s.tol, sorted[b].tol) / poolReach
