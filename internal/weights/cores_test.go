@@ -434,11 +434,8 @@ func TestCPUOnlyWithoutCeilingHoldsGuessedCoresUnderLeastRequest(t *testing.T) {
 				}
 				obs.Signals[name] = sig
 			}
-			res = e.Update(set, obs)
+			res = cycle(e, set, obs)
 			everLearned = everLearned || res.Learned
-			if res.Changed {
-				e.Applied(now, res.Weights)
-			}
 		}
 		return res, everLearned
 	}
@@ -488,10 +485,7 @@ func TestMissingNodeCPUKeepsTheCeilingUntilExpiry(t *testing.T) {
 	var res Result
 	for range 6 {
 		now = now.Add(30 * time.Second)
-		res = e.Update(set, obs(true))
-		if res.Changed {
-			e.Applied(now, res.Weights)
-		}
+		res = cycle(e, set, obs(true))
 	}
 	if !res.Learned {
 		t.Fatalf("not Learned with node CPU: %s", res.Message)
@@ -542,9 +536,7 @@ func TestBlindPodsHoldTheirGuessedCores(t *testing.T) {
 	for range 10 {
 		now = now.Add(30 * time.Second)
 		// 90% of the cores guessed: weights follow cores, not the split.
-		if res = e.Update(set, obs(now, 1.8, "")); res.Changed {
-			e.Applied(now, res.Weights)
-		}
+		res = cycle(e, set, obs(now, 1.8, ""))
 	}
 	if r := ratio(res); r < 1.8 || r > 2.2 || res.Learned || res.Unlearned != 2 {
 		t.Fatalf("after a seeded restart: weights %v (c8/c1 %.2f, want the guesses' 2), Learned %v, Unlearned %d", res.Weights, r, res.Learned, res.Unlearned)
