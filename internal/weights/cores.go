@@ -153,8 +153,8 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 	}
 }
 
-// markBlind marks the pods the engine cannot learn from with CPU alone,
-// and returns how many there are: no request rates (so no backlog and no
+// markBlind marks the pods the engine cannot learn from with CPU alone
+// (unlearned counts them): no request rates (so no backlog and no
 // latency), no CPU limit but a CPU request or a node's allocatable CPU (so
 // the cores are known to be somewhere in a range: a pod of which nothing
 // about its cores is known is taken to have as many as the others, as
