@@ -120,6 +120,9 @@ type Signal struct {
 	// LEAST_REQUEST steers around its queue that much sooner. Optional;
 	// 0 or no data = unknown.
 	RecentCPU float64
+	// RecentLatency is Latency over the last two scrape intervals, for
+	// Engine.Alarm between cycles; Update ignores it. Optional.
+	RecentLatency float64
 }
 
 // Observation is one cycle's query result.

@@ -199,6 +199,17 @@
 //     keeps their CPU below 95% of their limits: when the whole Service is
 //     overloaded, nothing is drained.
 //
+// All of this waits for a cycle, and under weighted ROUND_ROBIN a pod that
+// slows down just after one is sent its old share until the next. Between
+// cycles the operator looks at the pods' sidecar latency over the last two
+// scrape intervals (Signal.RecentLatency) every third of a scrape
+// interval, and Engine.Alarm says whether it shows a pod overloaded that
+// the last cycle did not know of: latency at twice or more the last
+// cycle's, and beyond 2.5 robust deviations of how the two usually differ
+// for that pod. When it rings the operator runs the cycle at once. It is
+// silent while the engine has not Learned (LEAST_REQUEST steers around a
+// queue) and for pods already drained or at their limit.
+//
 // The capacity estimates are not touched by a drain: requests per
 // CPU-second do not depend on the share a pod is sent.
 //

@@ -114,6 +114,11 @@ type podState struct {
 
 	// hot: at the last cycle the pod's CPU was at its Cores limit.
 	hot bool
+	// latency is the pod's Signal.Latency at the last cycle with data, 0
+	// when it had none; latencyRatios are the last cycles' |log(recent
+	// latency / window latency)| while it kept up (see Alarm).
+	latency       float64
+	latencyRatios []float64
 	// drain is the factor (below 1) the pod's weight is drained by this
 	// cycle, liveDrain the one in the reference weights; 0 means none.
 	drain, liveDrain float64
@@ -294,7 +299,9 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	proposal := e.capacityProposal(now, set)
 	drained, worst, worstQ := e.drainProposal(set, sig, ds, proposal)
 	for i, pod := range set {
-		e.state(pod.Name).hot = ds.hot[i]
+		st := e.state(pod.Name)
+		st.hot = ds.hot[i]
+		st.latency = sig.pods[i].latency // 0 without one
 	}
 	res := e.finish(now, set, ModeOptimizing, proposal, true, "")
 	source := "CPU and the weights held"

@@ -20,6 +20,9 @@ type podSignal struct {
 	// recentCPU is its CPU over the end of the window (Signal.RecentCPU),
 	// 0 if unknown.
 	recentCPU float64
+	// recentLatency is its latency over the end of the window
+	// (Signal.RecentLatency), 0 if unknown.
+	recentLatency float64
 }
 
 // judgeRecent keeps a pod's recent CPU as a sign of saturation only when
@@ -35,30 +38,46 @@ type podSignal struct {
 func (e *Engine) judgeRecent(set []Pod, sig signals) {
 	for i, pod := range set {
 		ps := &sig.pods[i]
+		if st := e.pods[pod.Name]; st != nil && ps.hasLatency && ps.recentLatency > 0 && !ps.saturated() && !st.hot && st.drainOr1() == 1 {
+			// How the pod's recent latency usually differs from its
+			// window's, for Alarm.
+			st.latencyRatios = noteRatio(st.latencyRatios, math.Log(ps.recentLatency/ps.latency))
+		}
 		if !(ps.recentCPU > 0) || !(ps.cpu > 0) {
 			ps.recentCPU = 0
 			continue
 		}
 		st := e.state(pod.Name)
 		r := math.Log(ps.recentCPU / ps.cpu)
-		sigma := recentNoisePrior
-		if len(st.recentRatios) >= minRecentRatios {
-			// A robust deviation (1.4826 times the median absolute
-			// ratio), so the start of a window and a real change do
-			// not inflate it. median sorts, so it gets a copy.
-			sigma = max(1.4826*median(slices.Clone(st.recentRatios)), minRecentNoise)
-		}
-		if r < recentSigmas*sigma {
+		if r < recentSigmas*recentNoise(st.recentRatios) {
 			ps.recentCPU = 0 // no news beyond the window's own CPU
 		}
 		if ps.limit > 0 && ps.cpu >= saturatedUse*ps.limit {
 			continue // at its limit over the window: says nothing of the noise
 		}
-		st.recentRatios = append(st.recentRatios, math.Abs(r))
-		if len(st.recentRatios) > maxRecentRatios {
-			st.recentRatios = slices.Delete(st.recentRatios, 0, len(st.recentRatios)-maxRecentRatios)
-		}
+		st.recentRatios = noteRatio(st.recentRatios, r)
 	}
+}
+
+// recentNoise is the deviation of log(recent / window) for a pod, from the
+// last cycles' absolute ratios: a robust one (1.4826 times the median),
+// so the start of a window and a real change do not inflate it;
+// recentNoisePrior until minRecentRatios are in.
+func recentNoise(ratios []float64) float64 {
+	if len(ratios) < minRecentRatios {
+		return recentNoisePrior
+	}
+	// median sorts, so it gets a copy.
+	return max(1.4826*median(slices.Clone(ratios)), minRecentNoise)
+}
+
+// noteRatio appends |r| to a pod's ratios, keeping the last maxRecentRatios.
+func noteRatio(ratios []float64, r float64) []float64 {
+	ratios = append(ratios, math.Abs(r))
+	if len(ratios) > maxRecentRatios {
+		ratios = slices.Delete(ratios, 0, len(ratios)-maxRecentRatios)
+	}
+	return ratios
 }
 
 // saturated reports whether the pod used all the CPU it could, over the
@@ -109,6 +128,9 @@ func readSignals(set []Pod, obs map[string]Signal) signals {
 		}
 		if usable(raw.RecentCPU) {
 			ps.recentCPU = raw.RecentCPU
+		}
+		if usable(raw.RecentLatency) {
+			ps.recentLatency = raw.RecentLatency
 		}
 		if ps.hasCPU && ps.cpu > 0 && ps.hasRequests && ps.requests > 0 {
 			s.withRequests++

@@ -101,16 +101,44 @@ func (o *optimizerCtl) observe(s *sim) weights.Observation {
 		}
 		// The operator's recent CPU: rate() over two scrape intervals.
 		recent, _ := s.promRateOver(h, seriesCPU, 2*s.scrapeEvery)
-		req, lat := math.NaN(), math.NaN()
+		req, lat, recentLat := math.NaN(), math.NaN(), math.NaN()
 		if !o.cpuOnly {
 			req, _ = s.promRate(h, seriesReqs)
 			if latSum, ok := s.promRate(h, seriesLatSum); ok && req > 0 {
 				lat = latSum / req
 			}
+			recentLat = s.recentLatency(h)
 		}
-		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent}
+		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent, RecentLatency: recentLat}
 	}
 	return obs
+}
+
+// probes: the operator looks between cycles only under ROUND_ROBIN (its
+// default load_balancer), where nothing else steers around a queue.
+func (o *optimizerCtl) probes() bool { return o.lrUntilLearned }
+
+// probe is the operator's look between cycles: the latency and CPU
+// queries over the last two scrape intervals, judged by Engine.Alarm. It
+// reports whether to run a cycle now. Under LEAST_REQUEST (not Learned)
+// Alarm stays silent.
+func (o *optimizerCtl) probe(s *sim) bool {
+	obs := weights.Observation{Time: simTime(s.now), Signals: map[string]weights.Signal{}}
+	recent := 2 * s.scrapeEvery
+	for _, h := range s.hosts {
+		cpu, _ := s.promRateOver(h, seriesCPU, recent)
+		lat := math.NaN()
+		if !o.cpuOnly {
+			lat = s.recentLatency(h)
+		}
+		obs.Signals[s.pods[h].name] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(),
+			RecentCPU: cpu, RecentLatency: lat}
+	}
+	pod, why, ring := o.eng.Alarm(o.pods(s), obs)
+	if ring && s.trace != nil {
+		fmt.Fprintf(s.trace, "%s t=%5.0fs alarm: %s: %s\n", s.def.name, s.now, pod, why)
+	}
+	return ring
 }
 
 func (o *optimizerCtl) cycle(s *sim) {
@@ -146,3 +174,15 @@ func (o *optimizerCtl) podsChanged(s *sim) {
 }
 
 func (o *optimizerCtl) speedChanged(*sim, int32) {}
+
+// recentLatency is the operator's latency query over the last two scrape
+// intervals: rate of the histogram's _sum over rate of its _count; NaN
+// without data.
+func (s *sim) recentLatency(h int32) float64 {
+	req, ok1 := s.promRateOver(h, seriesReqs, 2*s.scrapeEvery)
+	sum, ok2 := s.promRateOver(h, seriesLatSum, 2*s.scrapeEvery)
+	if !ok1 || !ok2 || !(req > 0) {
+		return math.NaN()
+	}
+	return sum / req
+}

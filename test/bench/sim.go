@@ -87,6 +87,7 @@ const (
 	evScenario   // a scenario event
 	evWarmup
 	evOptIn // the optimizer is applied (Scenario.OptIn)
+	evProbe // the optimizer looks at the recent signals between cycles
 	evEnd
 )
 
@@ -216,6 +217,13 @@ type controller interface {
 	speedChanged(s *sim, pod int32)
 }
 
+// prober is a controller that looks at the recent signals between cycles
+// and runs a cycle when they show trouble.
+type prober interface {
+	probes() bool
+	probe(s *sim) bool
+}
+
 type sim struct {
 	sc  *Scenario
 	def strategyDef
@@ -263,6 +271,7 @@ type sim struct {
 	arrHash      uint64
 	maxQueue     int
 	publications int
+	alarms       int // cycles an alarm ran between the regular ones
 	cycleIdx     int
 	convFrom     int
 	modes        map[string]int
@@ -489,6 +498,14 @@ func (s *sim) run() StrategyResult {
 			s.push(event{t: float64(k) * s.cycleLen, kind: evCycle})
 		}
 	}
+	if p, ok := s.ctl.(prober); ok && p.probes() {
+		// As the operator: every third of a scrape interval between
+		// cycles (see controllers.probeInterval).
+		every := s.scrapeEvery / 3
+		for k := 1; s.optIn+float64(k)*every <= s.end; k++ {
+			s.push(event{t: s.optIn + float64(k)*every, kind: evProbe})
+		}
+	}
 	for _, i := range s.events {
 		s.push(event{t: s.sc.Events[i].At.Seconds(), kind: evScenario, pod: int32(i)})
 	}
@@ -524,6 +541,13 @@ func (s *sim) run() StrategyResult {
 			s.orcaTick(e.pod)
 		case evScenario:
 			s.applyEvent(&s.sc.Events[e.pod])
+		case evProbe:
+			if s.ctl.(prober).probe(s) {
+				s.cycleIdx++
+				s.alarms++
+				s.ctl.cycle(s)
+				s.measureConvergence()
+			}
 		case evOptIn:
 			s.ctl.start(s)
 			s.ctl.cycle(s)
@@ -990,12 +1014,15 @@ func (s *sim) measureConvergence() {
 
 // StrategyResult is one strategy's measurements on one scenario.
 type StrategyResult struct {
-	Name          string   `json:"name"`
-	P50Ms         float64  `json:"p50_ms"`
-	P99Ms         float64  `json:"p99_ms"`
-	P999Ms        float64  `json:"p999_ms"`
-	MaxMeanUtil   float64  `json:"max_mean_util"`
-	Publications  int      `json:"publications"`
+	Name         string  `json:"name"`
+	P50Ms        float64 `json:"p50_ms"`
+	P99Ms        float64 `json:"p99_ms"`
+	P999Ms       float64 `json:"p999_ms"`
+	MaxMeanUtil  float64 `json:"max_mean_util"`
+	Publications int     `json:"publications"`
+	// Alarms: cycles run between the regular ones because Engine.Alarm
+	// rang (optimizer strategies under ROUND_ROBIN).
+	Alarms        int      `json:"alarms"`
 	ConvergeCycle int      `json:"converge_cycle"`
 	MinMeanUtil   float64  `json:"min_mean_util"`
 	MeanMs        float64  `json:"mean_ms"`
@@ -1025,6 +1052,7 @@ func (s *sim) result(elapsed time.Duration) StrategyResult {
 		MeanMs:        s.lat.mean() * 1e3,
 		MaxQueue:      s.maxQueue,
 		Publications:  s.publications,
+		Alarms:        s.alarms,
 		ConvergeCycle: s.convFrom,
 		Requests:      s.lat.n,
 		ElapsedSec:    elapsed.Seconds(),

@@ -1,0 +1,74 @@
+package weights
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Under weighted ROUND_ROBIN nothing steers around a queue: a pod that
+// slows down suddenly is sent its old share until the next cycle moves its
+// weight, and the queue it builds meanwhile is served at its new, lower
+// speed. At a 30 s cycle that is thousands of requests held for tens of
+// seconds. A cycle needs every query over the whole window, but seeing
+// that something is wrong needs less: the pod's sidecar latency over the
+// last two scrape intervals (Signal.RecentLatency). Alarm judges such a
+// look between cycles, and the operator runs the cycle at once when it
+// rings; that cycle drains the pod and hands the Service to LEAST_REQUEST
+// (Result.Learned false) as soon as its data shows the pod behind.
+//
+// Only an overload the last cycle did not know of rings: a pod already
+// hot or drained is being handled, and the next cycle follows it up. And
+// only while the last result was Learned: before that the operator runs
+// LEAST_REQUEST, which steers around a queue within a request.
+//
+// The pods' recent CPU does not ring it. A pod at 80% of its limit that
+// reaches 100% shows it over two scrape intervals no sooner than its
+// latency does, and on CPU alone (no latency) the extra cycles it caused
+// moved the CPU-only learning more than they helped (the slowdown with
+// CPU alone: 1.02-2.7x the oracle's p99 over seeds 1-8, against 1.36-1.55x
+// without; see docs/benchmarks.md).
+
+// alarmLatency: a pod's latency over the last two scrape intervals at this
+// multiple of its latency over the last cycle's window, and beyond
+// recentSigmas of how the two usually differ for that pod, rings the
+// alarm. A pod that cannot keep up adds to its queue with every request,
+// so its latency grows without bound within seconds; at 90% load a busy
+// pod's latency over 30 s is still up to 3x its mean now and then, which
+// costs an early cycle that changes nothing (bench: about 8 in 20 minutes
+// on hetero3-90, none on hetero3-60).
+const alarmLatency = 2
+
+// Alarm reports whether the recent latencies of obs (Signal.RecentLatency;
+// the other fields are ignored) show a pod overloaded that the last cycle
+// did not know of, which one, and why, for the log. It changes nothing:
+// the caller runs a cycle (Update, with the full window) when it rings.
+func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bool) {
+	if obs.Err != nil || !e.lastLearned || e.mode != ModeOptimizing && e.mode != ModeSteady {
+		return "", "", false
+	}
+	for _, p := range canonicalPods(pods) {
+		st := e.pods[p.Name]
+		raw, ok := obs.Signals[p.Name]
+		if st == nil || !ok || st.hot || st.drainOr1() < 1 {
+			continue
+		}
+		if r := raw.RecentLatency; usable(r) && st.latency > 0 && r >= alarmLatency*st.latency &&
+			math.Log(r/st.latency) >= recentSigmas*recentNoise(st.latencyRatios) {
+			return p.Name, fmt.Sprintf("its latency over the last scrapes, %v, is %.1fx the %v of the last cycle",
+				roundLatency(r), r/st.latency, roundLatency(st.latency)), true
+		}
+	}
+	return "", "", false
+}
+
+func roundLatency(s float64) time.Duration {
+	d := time.Duration(s * float64(time.Second))
+	switch {
+	case d >= 10*time.Second:
+		return d.Round(time.Second)
+	case d >= 10*time.Millisecond:
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(time.Microsecond)
+}

@@ -1,0 +1,166 @@
+package weights
+
+import (
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// withLatency gives every pod of obs a latency of 20 ms over the window
+// and recent[name] over the last scrapes (20 ms when absent).
+func withLatency(obs Observation, recent map[string]float64) Observation {
+	for name, s := range obs.Signals {
+		s.Latency, s.RecentLatency = 0.02, 0.02
+		if v, ok := recent[name]; ok {
+			s.RecentLatency = v
+		}
+		obs.Signals[name] = s
+	}
+	return obs
+}
+
+// alarmEngine returns an engine that has learned four equal pods at half
+// of their CPU with their latencies, and the time of its last cycle.
+func alarmEngine(t *testing.T) (*Engine, time.Time) {
+	t.Helper()
+	e := New(capacityParams())
+	now := t0
+	pods := drainPods()
+	e.Applied(now, e.Weights(now, pods))
+	for range 6 {
+		now = now.Add(quiet)
+		res := cycle(e, pods, withLatency(servedObs(now, e.live, 400, nil, nil), nil))
+		if res.Changed || !res.Learned {
+			t.Fatalf("equal pods at half load: changed %v, learned %v: %s", res.Changed, res.Learned, res.Message)
+		}
+	}
+	return e, now
+}
+
+func TestAlarm(t *testing.T) {
+	recent := func(v map[string]float64) Observation {
+		obs := Observation{Signals: map[string]Signal{}}
+		for _, p := range drainPods() {
+			obs.Signals[p.Name] = Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: 0.02}
+		}
+		for name, l := range v {
+			s := obs.Signals[name]
+			s.RecentLatency = l
+			obs.Signals[name] = s
+		}
+		return obs
+	}
+	cases := []struct {
+		name string
+		obs  Observation
+		pod  string // "" = no alarm
+	}{
+		{"as usual", recent(nil), ""},
+		{"a pod's latency tenfold", recent(map[string]float64{"c": 0.2}), "c"},
+		{"the first pod in name order", recent(map[string]float64{"d": 0.2, "b": 0.3}), "b"},
+		{"half again is noise", recent(map[string]float64{"a": 0.03}), ""},
+		{"just below alarmLatency", recent(map[string]float64{"a": 0.0399}), ""},
+		{"faster is no alarm", recent(map[string]float64{"a": 0.001}), ""},
+		{"no recent latency", recent(map[string]float64{"a": math.NaN(), "b": math.Inf(1), "c": -1}), ""},
+		{"a pod the engine does not know", func() Observation {
+			o := recent(nil)
+			o.Signals["zz"] = Signal{RecentLatency: 10}
+			return o
+		}(), ""},
+		{"the query failed", func() Observation { o := recent(map[string]float64{"a": 1}); o.Err = errString("down"); return o }(), ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e, now := alarmEngine(t)
+			tc.obs.Time = now.Add(5 * time.Second)
+			pod, why, ring := e.Alarm(drainPods(), tc.obs)
+			if ring != (tc.pod != "") || pod != tc.pod {
+				t.Fatalf("Alarm = %q, %v (%s); want pod %q", pod, ring, why, tc.pod)
+			}
+			if ring && !strings.Contains(why, "20ms of the last cycle") {
+				t.Errorf("reason %q does not name the pod's usual latency", why)
+			}
+		})
+	}
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+// Alarm only looks: an engine asked it behaves exactly as one not asked.
+func TestAlarmChangesNothing(t *testing.T) {
+	pods := drainPods()
+	asked, now := alarmEngine(t)
+	twin, _ := alarmEngine(t)
+	if _, _, ring := asked.Alarm(pods, Observation{Time: now, Signals: map[string]Signal{"a": {RecentLatency: 5}}}); !ring {
+		t.Fatal("want an alarm for a's 5 s latency")
+	}
+	now = now.Add(quiet)
+	obs := withLatency(servedObs(now, asked.live, 400, map[string]float64{"a": 60}, map[string]float64{"a": 30}), nil)
+	got, want := cycle(asked, pods, obs), cycle(twin, pods, obs)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("after Alarm: %+v\nwithout: %+v", got, want)
+	}
+}
+
+// Under LEAST_REQUEST (not Learned), with a pod already drained, or while
+// no fresh data speaks (Holding), the alarm stays silent: the queue is
+// steered around, or already being handled.
+func TestAlarmSilentWhenHandled(t *testing.T) {
+	pods := drainPods()
+	slow := func(at time.Time) Observation {
+		return Observation{Time: at, Signals: map[string]Signal{"a": {RecentLatency: 5}, "b": {RecentLatency: 5}}}
+	}
+
+	fresh := New(capacityParams())
+	fresh.Applied(t0, fresh.Weights(t0, pods))
+	if pod, _, ring := fresh.Alarm(pods, slow(t0)); ring {
+		t.Errorf("an engine without a cycle rang for %s", pod)
+	}
+
+	e, now := alarmEngine(t)
+	now = now.Add(quiet)
+	// a fell behind: drained, and Learned false (LEAST_REQUEST).
+	res := cycle(e, pods, withLatency(servedObs(now, e.live, 400, map[string]float64{"a": 60}, map[string]float64{"a": 30}), nil))
+	if !strings.Contains(res.Message, "draining") || res.Learned {
+		t.Fatalf("want a drained and not Learned: learned %v, %s", res.Learned, res.Message)
+	}
+	if pod, _, ring := e.Alarm(pods, slow(now.Add(5*time.Second))); ring {
+		t.Errorf("not Learned: rang for %s", pod)
+	}
+
+	e, now = alarmEngine(t)
+	now = now.Add(quiet)
+	cycle(e, pods, Observation{Time: now, Err: errString("down")})
+	if pod, _, ring := e.Alarm(pods, slow(now.Add(5*time.Second))); ring {
+		t.Errorf("Holding: rang for %s", pod)
+	}
+}
+
+// A pod whose latency over the last scrapes routinely differs from its
+// window's (few, long requests) needs more than alarmLatency to ring.
+func TestAlarmLearnsEachPodsNoise(t *testing.T) {
+	pods := drainPods()
+	e, now := alarmEngine(t)
+	for k := range 8 {
+		now = now.Add(quiet)
+		f := 3.0
+		if k%2 == 1 {
+			f = 1 / 3.0
+		}
+		cycle(e, pods, withLatency(servedObs(now, e.live, 400, nil, nil), map[string]float64{"a": 0.02 * f}))
+	}
+	at := now.Add(5 * time.Second)
+	if pod, why, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"a": {RecentLatency: 0.2}}}); ring {
+		t.Errorf("a swings 3x every cycle; 10x rang for %s (%s)", pod, why)
+	}
+	if _, _, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"b": {RecentLatency: 0.2}}}); !ring {
+		t.Error("b is steady; 10x did not ring")
+	}
+	if _, _, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"a": {RecentLatency: 20}}}); !ring {
+		t.Error("a at 1000x did not ring")
+	}
+}
