@@ -59,7 +59,7 @@ func TestNodeCPUQuerySettings(t *testing.T) {
 	if err := flags.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if s := flags.settings(false); s.NodeCPUQuery != "" {
+	if s := flags.settings(false, true); s.NodeCPUQuery != "" {
 		t.Errorf(`--default-node-cpu-query=-: %q, want disabled`, s.NodeCPUQuery)
 	}
 	fs = flag.NewFlagSet("test", flag.ContinueOnError)

@@ -58,15 +58,16 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 
 // Validate reports invalid defaults at start-up.
 func (d EngineDefaults) Validate() error {
-	if problems := d.settings(false).problems(); len(problems) > 0 {
+	if problems := d.settings(false, true).problems(); len(problems) > 0 {
 		return fmt.Errorf("invalid --default-* flags: %s", strings.Join(problems, "; "))
 	}
 	return nil
 }
 
 // settings are the defaults as the settings of one optimizer.
-func (d EngineDefaults) settings(dryRun bool) Settings {
-	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, LatencyQuery: d.LatencyQuery, NodeCPUQuery: d.NodeCPUQuery, DryRun: dryRun}
+func (d EngineDefaults) settings(dryRun, roundRobin bool) Settings {
+	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, LatencyQuery: d.LatencyQuery, NodeCPUQuery: d.NodeCPUQuery,
+		DryRun: dryRun, RoundRobin: roundRobin}
 	s.complete()
 	return s
 }
@@ -80,15 +81,26 @@ type Settings struct {
 	LatencyQuery string // "" when none
 	NodeCPUQuery string // "" when none
 	DryRun       bool
-	// RecentCPUWindow is the window of the recent CPU query (the CPU
-	// query over two scrape intervals), 0 when it is not run; derived
-	// from the fields above by complete.
-	RecentCPUWindow time.Duration
+	// RoundRobin: the optimizer's load_balancer is ROUND_ROBIN, under
+	// which nothing steers around a queue between cycles (see
+	// ProbeInterval).
+	RoundRobin bool
+	// RecentCPUWindow and RecentLatencyWindow are the windows of the
+	// recent CPU and latency queries (the CPU and latency queries over two
+	// scrape intervals), 0 when they are not run; derived from the fields
+	// above by complete.
+	RecentCPUWindow, RecentLatencyWindow time.Duration
+	// ProbeInterval is how often, between cycles, the recent latency query
+	// runs for weights.Engine.Alarm, 0 = never: a third of a scrape
+	// interval, so a new scrape is seen within a few seconds. Only under
+	// ROUND_ROBIN, outside a dry run, and when the recent latency query
+	// runs. Derived by complete.
+	ProbeInterval time.Duration
 }
 
 // complete turns the "-" of an optional query into "" (not queried) and
-// derives RecentCPUWindow, once per change of the settings rather than in
-// every cycle.
+// derives the recent windows and ProbeInterval, once per change of the
+// settings rather than in every cycle.
 func (s *Settings) complete() {
 	if s.RequestQuery == "-" {
 		s.RequestQuery = ""
@@ -99,14 +111,27 @@ func (s *Settings) complete() {
 	if s.NodeCPUQuery == "-" {
 		s.NodeCPUQuery = ""
 	}
-	s.RecentCPUWindow = recentCPUWindow(*s)
+	s.RecentCPUWindow = recentWindow(*s, s.CPUQuery)
+	s.RecentLatencyWindow = recentWindow(*s, s.LatencyQuery)
+	s.ProbeInterval = 0
+	if s.RoundRobin && !s.DryRun && s.RecentLatencyWindow > 0 {
+		s.ProbeInterval = s.Params.ScrapeInterval / probesPerScrape
+	}
 }
+
+// probesPerScrape: the look between cycles runs this many times per scrape
+// interval, so a scrape that shows a pod falling behind is seen within a
+// third of an interval (5 s at 15 s). Each look is one query of the
+// recent latency, and only while the weights are Learned under
+// ROUND_ROBIN.
+const probesPerScrape = 3
 
 // settingsFor merges an optimizer's spec over the defaults. An invalid
 // combination (which CRD validation cannot catch) is reported and the
 // defaults are used instead, so a bad edit never stops optimization.
 func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Settings, error) {
-	s := d.settings(opt.Spec.DryRun)
+	roundRobin := opt.Balancer() == optv1.LoadBalancerRoundRobin
+	s := d.settings(opt.Spec.DryRun, roundRobin)
 	if o := opt.Spec.Optimization; o != nil {
 		// A duration that did not parse (see optv1.Duration) is skipped
 		// here and reported below; invalidSpec stalls such an optimizer
@@ -161,7 +186,7 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 		}
 	}
 	if len(problems) > 0 {
-		return d.settings(opt.Spec.DryRun), fmt.Errorf("spec.optimization is invalid, operator defaults are used instead: %s", strings.Join(problems, "; "))
+		return d.settings(opt.Spec.DryRun, roundRobin), fmt.Errorf("spec.optimization is invalid, operator defaults are used instead: %s", strings.Join(problems, "; "))
 	}
 	return s, nil
 }

@@ -26,11 +26,14 @@ type Signals struct {
 	// query over that window), which shows a pod that has just reached its
 	// CPU limit a cycle sooner.
 	RecentCPU bool
+	// RecentLatency: the pods' latency over the last two scrape intervals,
+	// from which the engine learns what Alarm compares with between cycles.
+	RecentLatency bool
 	// RequestsDisabled, LatencyDisabled and NodeCPUDisabled: the query is "-".
 	RequestsDisabled, LatencyDisabled, NodeCPUDisabled bool
-	// RecentCPUDisabled: the recent CPU query was not run (see
-	// recentCPUWindow).
-	RecentCPUDisabled bool
+	// RecentCPUDisabled and RecentLatencyDisabled: the recent query was
+	// not run (see recentWindow).
+	RecentCPUDisabled, RecentLatencyDisabled bool
 	// NoLimitPods counts the pods of the cycle without a CPU limit, whose
 	// cores only the node CPU or, with request rates, the sidecars'
 	// latency can show.
@@ -39,15 +42,17 @@ type Signals struct {
 
 func signalsOf(s Settings, cpu bool, a answers) Signals {
 	return Signals{
-		CPU:               cpu,
-		Requests:          len(a.requests.Values) > 0,
-		Latency:           len(a.latency.Values) > 0,
-		NodeCPU:           len(a.nodeCPU.Values) > 0,
-		RecentCPU:         len(a.recentCPU.Values) > 0,
-		RequestsDisabled:  s.RequestQuery == "",
-		LatencyDisabled:   s.LatencyQuery == "",
-		NodeCPUDisabled:   s.NodeCPUQuery == "",
-		RecentCPUDisabled: s.RecentCPUWindow == 0, // not run: see recentCPUWindow
+		CPU:                   cpu,
+		Requests:              len(a.requests.Values) > 0,
+		Latency:               len(a.latency.Values) > 0,
+		NodeCPU:               len(a.nodeCPU.Values) > 0,
+		RecentCPU:             len(a.recentCPU.Values) > 0,
+		RecentLatency:         len(a.recentLatency.Values) > 0,
+		RequestsDisabled:      s.RequestQuery == "",
+		LatencyDisabled:       s.LatencyQuery == "",
+		NodeCPUDisabled:       s.NodeCPUQuery == "",
+		RecentCPUDisabled:     s.RecentCPUWindow == 0, // not run: see recentWindow
+		RecentLatencyDisabled: s.RecentLatencyWindow == 0,
 	}
 }
 

@@ -141,21 +141,95 @@ func (l *WeightLoop) run(ctx context.Context, key types.NamespacedName, w *worke
 		cycle := w.settings.Cycle
 		w.mu.Unlock()
 		wait := cycle + time.Duration(rng.Float64()*0.1*float64(cycle))
-		timer := l.Clock.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		switch l.await(ctx, logger, key, w, l.Clock.NewTimer(wait)) {
+		case stopped:
 			return
-		case <-w.update:
-			timer.Stop()
+		case updated:
 			continue
-		case <-timer.C():
 		}
 		w.mu.Lock()
 		s, tgt := w.settings, w.target
 		w.mu.Unlock()
 		l.cycle(ctx, logger, key, tgt, s)
 	}
+}
+
+type awaited int
+
+const (
+	due     awaited = iota // the cycle's timer fired
+	updated                // the settings' cycle changed
+	stopped                // the worker is stopping
+)
+
+// await waits for the cycle's timer and, every Settings.ProbeInterval
+// meanwhile, looks at the recent latency (probe); when the engine's Alarm
+// rings it runs a cycle at once. The regular cycle keeps its time.
+func (l *WeightLoop) await(ctx context.Context, logger logr.Logger, key types.NamespacedName, w *worker, timer clock.Timer) awaited {
+	defer timer.Stop()
+	for {
+		w.mu.Lock()
+		s, tgt := w.settings, w.target
+		w.mu.Unlock()
+		var probe <-chan time.Time
+		stopProbe := func() {}
+		if s.ProbeInterval > 0 {
+			pt := l.Clock.NewTimer(s.ProbeInterval)
+			probe, stopProbe = pt.C(), func() { pt.Stop() }
+		}
+		select {
+		case <-ctx.Done():
+			stopProbe()
+			return stopped
+		case <-w.update:
+			stopProbe()
+			return updated
+		case <-timer.C():
+			stopProbe()
+			return due
+		case <-probe:
+			if l.probe(ctx, logger, key, tgt, s) {
+				l.cycle(ctx, logger, key, tgt, s)
+			}
+		}
+	}
+}
+
+// probe is the look between cycles: while the last cycle's weights are
+// Learned (the Service runs ROUND_ROBIN on them), the latency query over
+// the last two scrape intervals, judged by the engine's Alarm. It reports
+// whether to run the cycle now. A failed look is left to the next cycle,
+// which runs every query and reports their errors.
+func (l *WeightLoop) probe(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings) bool {
+	out := l.Book.Outcome(key)
+	if out == nil || !out.Result.Learned || out.DryRun {
+		return false
+	}
+	eps := l.Book.Endpoints(key)
+	if len(eps) == 0 {
+		return false
+	}
+	pods := make([]string, 0, len(eps))
+	for _, ep := range eps {
+		pods = append(pods, ep.Pod)
+	}
+	now := l.Clock.Now()
+	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods, Window: s.RecentLatencyWindow}
+	res, err := l.Source.Query(ctx, s.LatencyQuery, qt, now)
+	if err != nil {
+		logger.V(1).Info("Look between cycles failed; the next cycle will tell", "error", textutil.Printable(err.Error(), textutil.LogLimit))
+		return false
+	}
+	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(res.Values))}
+	for pod, v := range res.Values {
+		obs.Signals[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: v}
+	}
+	pod, why, ring := l.Book.Alarm(key, obs)
+	if ring {
+		l.Metrics.Alarms.WithLabelValues(tgt.namespace, tgt.service).Inc()
+		logger.Info("A pod fell behind between cycles; running the cycle now", "pod", pod, "why", why)
+	}
+	return ring
 }
 
 // cycle runs one optimization: query, compute, record, wake the mirror.
@@ -233,6 +307,14 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 			rt.Window = s.RecentCPUWindow
 			a.recentCPU = l.optionalSignal(ctx, logger, tgt, "recent_cpu", s.CPUQuery, rt, now)
 		}
+		if s.RecentLatencyWindow > 0 {
+			// The latency query again, over the last two scrape intervals:
+			// the engine learns how it usually differs from the window's,
+			// which Alarm needs between cycles.
+			rt := qt
+			rt.Window = s.RecentLatencyWindow
+			a.recentLatency = l.optionalSignal(ctx, logger, tgt, "recent_latency", s.LatencyQuery, rt, now)
+		}
 	}
 	// Series that were dropped (duplicates, NaN, no pod label, warnings)
 	// do not fail the cycle, but the user must hear why a pod has no data.
@@ -252,7 +334,7 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 // answers are one cycle's query results, one per signal; a signal that was
 // not queried has an empty Result.
 type answers struct {
-	cpu, requests, latency, nodeCPU, recentCPU promsource.Result
+	cpu, requests, latency, nodeCPU, recentCPU, recentLatency promsource.Result
 }
 
 // bySignal lists the answers under their signal names, as in
@@ -264,29 +346,31 @@ func (a answers) bySignal() []struct {
 	return []struct {
 		signal string
 		res    promsource.Result
-	}{{"cpu", a.cpu}, {"requests", a.requests}, {"latency", a.latency}, {"node_cpu", a.nodeCPU}, {"recent_cpu", a.recentCPU}}
+	}{{"cpu", a.cpu}, {"requests", a.requests}, {"latency", a.latency}, {"node_cpu", a.nodeCPU}, {"recent_cpu", a.recentCPU},
+		{"recent_latency", a.recentLatency}}
 }
 
-// recentCPUWindow is the window of the recent CPU query, which runs the CPU
-// query again over the last two scrape intervals (the shortest window in
-// which rate() is sure to find two samples): a pod that has just reached
-// its CPU limit shows it there a cycle before it does over the query
-// window. 0 = not run: the scrape interval is unknown (0), two of them are
-// no shorter than the query window (the same query), or the CPU query does
-// not depend on its window (a recording rule: the same answer again).
-func recentCPUWindow(s Settings) time.Duration {
+// recentWindow is the window of a recent query, which runs the query tmpl
+// (the CPU or the latency query) again over the last two scrape intervals
+// (the shortest window in which rate() is sure to find two samples): a pod
+// that has just reached its CPU limit, or fallen behind, shows it there a
+// cycle before it does over the query window. 0 = not run: the query is
+// off (""), the scrape interval is unknown (0), two of them are no shorter
+// than the query window (the same query), or the query does not depend on
+// its window (a recording rule: the same answer again).
+func recentWindow(s Settings, tmpl string) time.Duration {
 	si := s.Params.ScrapeInterval
 	w := 2 * si
-	if si <= 0 || w <= 0 || w >= s.Params.QueryWindow {
+	if tmpl == "" || si <= 0 || w <= 0 || w >= s.Params.QueryWindow {
 		return 0
 	}
 	probe := promsource.Target{Namespace: "ns", Service: "svc", Pods: []string{"pod-0"}, Window: s.Params.QueryWindow}
-	full, err := promsource.Render(s.CPUQuery, probe)
+	full, err := promsource.Render(tmpl, probe)
 	if err != nil {
-		return 0 // the CPU query itself reports it
+		return 0 // the query itself reports it
 	}
 	probe.Window = w
-	recent, err := promsource.Render(s.CPUQuery, probe)
+	recent, err := promsource.Render(tmpl, probe)
 	if err != nil || recent == full {
 		return 0 // a window PromQL cannot express (below 1ms), or no window at all
 	}
@@ -305,7 +389,7 @@ func podSignals(into map[string]weights.Signal, pods []string, a answers, cpuOK 
 	}
 	for _, p := range pods {
 		sig := weights.Signal{CPU: math.NaN(), Requests: value(a.requests, p), Latency: value(a.latency, p),
-			NodeCPU: value(a.nodeCPU, p), RecentCPU: value(a.recentCPU, p)}
+			NodeCPU: value(a.nodeCPU, p), RecentCPU: value(a.recentCPU, p), RecentLatency: value(a.recentLatency, p)}
 		if cpuOK {
 			sig.CPU = value(a.cpu, p)
 		}
@@ -336,7 +420,7 @@ func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Obs
 	}
 	m.SetPods(tgt.namespace, tgt.service, samples)
 	for signal, ok := range map[string]bool{"cpu": out.Signals.CPU, "requests": out.Signals.Requests, "latency": out.Signals.Latency, "node_cpu": out.Signals.NodeCPU,
-		"recent_cpu": out.Signals.RecentCPU} {
+		"recent_cpu": out.Signals.RecentCPU, "recent_latency": out.Signals.RecentLatency} {
 		m.SignalAvailable.WithLabelValues(tgt.namespace, tgt.service, signal).Set(b2f(ok))
 	}
 	m.Cycles.WithLabelValues(tgt.namespace, tgt.service, string(out.Result.Mode)).Inc()

@@ -164,6 +164,22 @@ func (b *WeightBook) Update(key types.NamespacedName, p weights.Params, obs weig
 	return out, e.endpoints, true
 }
 
+// Alarm asks the engine whether the recent signals in obs show a pod that
+// fell behind since the last cycle (weights.Engine.Alarm).
+func (b *WeightBook) Alarm(key types.NamespacedName, obs weights.Observation) (pod, why string, ring bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[key]
+	if e == nil || len(e.endpoints) == 0 {
+		return "", "", false
+	}
+	pods := make([]weights.Pod, 0, len(e.endpoints))
+	for _, ep := range e.endpoints {
+		pods = append(pods, weights.Pod{Name: ep.Pod})
+	}
+	return e.engine.Alarm(pods, obs)
+}
+
 // Outcome returns the last weight cycle's outcome, if any.
 func (b *WeightBook) Outcome(key types.NamespacedName) *Outcome {
 	b.mu.Lock()

@@ -18,6 +18,7 @@ type Metrics struct {
 	PodRequestRate   prometheus.Collector
 	PodCapacity      prometheus.Collector
 	Cycles           *prometheus.CounterVec
+	Alarms           *prometheus.CounterVec
 	Writes           *prometheus.CounterVec
 	Fallbacks        *prometheus.CounterVec
 	Mode             *prometheus.GaugeVec
@@ -75,6 +76,10 @@ func New() *Metrics {
 			Name: "optimizer_cycles_total",
 			Help: "Weight optimization cycles run, by outcome mode.",
 		}, append(append([]string{}, serviceLabels...), "mode")),
+		Alarms: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "optimizer_alarms_total",
+			Help: "Cycles run between the regular ones because a pod's latency over the last scrapes showed it falling behind (ROUND_ROBIN only).",
+		}, serviceLabels),
 		Writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "optimizer_writes_total",
 			Help: "Writes of owned Istio objects (each one is an xDS push), by kind.",
@@ -105,7 +110,7 @@ func New() *Metrics {
 		}, []string{"resource"}),
 		SignalAvailable: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "optimizer_signal_available",
-			Help: "1 when the last weight cycle had data for a signal (cpu, requests, latency, node_cpu, recent_cpu), 0 when it was disabled or had none; requests 0 means the weights rest on CPU alone.",
+			Help: "1 when the last weight cycle had data for a signal (cpu, requests, latency, node_cpu, recent_cpu, recent_latency), 0 when it was disabled or had none; requests 0 means the weights rest on CPU alone.",
 		}, append(append([]string{}, serviceLabels...), "signal")),
 	}
 }
@@ -130,7 +135,7 @@ func (m *Metrics) ForgetOptimizer(namespace, name string) {
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
-		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Writes, m.Fallbacks, m.Mode,
+		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode,
 		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors, m.SignalAvailable,
 	}
 }
@@ -176,7 +181,7 @@ func (m *Metrics) ForgetService(namespace, service string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.QueryLatency, m.QueryErrors,
-		m.Cycles, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints, m.SignalAvailable} {
+		m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints, m.SignalAvailable} {
 		v.DeletePartialMatch(svc)
 	}
 }

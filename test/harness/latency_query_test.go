@@ -2,6 +2,8 @@ package harness_test
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +19,9 @@ import (
 type sidecarHistograms struct {
 	hist *prometheus.HistogramVec
 	reg  *prometheus.Registry
+
+	mu     sync.Mutex
+	series []sidecarSeries // what run observes, set by run and setMillis
 }
 
 type sidecarSeries struct {
@@ -39,6 +44,9 @@ func newSidecarHistograms() *sidecarHistograms {
 // run observes every series at its rate until ctx ends.
 func (s *sidecarHistograms) run(ctx context.Context, series []sidecarSeries) {
 	const tick = 50 * time.Millisecond
+	s.mu.Lock()
+	s.series = append([]sidecarSeries(nil), series...)
+	s.mu.Unlock()
 	owed := make([]float64, len(series))
 	t := time.NewTicker(tick)
 	defer t.Stop()
@@ -48,14 +56,23 @@ func (s *sidecarHistograms) run(ctx context.Context, series []sidecarSeries) {
 			return
 		case <-t.C:
 		}
-		for i, sr := range series {
+		s.mu.Lock()
+		for i, sr := range s.series {
 			o := s.hist.WithLabelValues(sr.reporter, sr.pod, sr.namespace, sr.namespace, "web", "200")
 			owed[i] += sr.rps * tick.Seconds()
 			for ; owed[i] >= 1; owed[i]-- {
 				o.Observe(sr.millis)
 			}
 		}
+		s.mu.Unlock()
 	}
+}
+
+// setMillis changes the duration of series i's requests from now on.
+func (s *sidecarHistograms) setMillis(i int, millis float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.series[i].millis = millis
 }
 
 // TestLatencyQueryWithRealPrometheus runs DefaultLatencyQuery through a real
@@ -87,4 +104,49 @@ func TestLatencyQueryWithRealPrometheus(t *testing.T) {
 		t.Errorf("missing %v, want [web-2] (it served nothing)", res.Missing)
 	}
 	t.Logf("latency (s): %v, missing %v, via %s", res.Values, res.Missing, res.Query)
+}
+
+// TestRecentLatencyQueryWithRealPrometheus runs DefaultLatencyQuery through
+// a real Prometheus over the query window and over two scrape intervals, as
+// each cycle and each look between cycles do. A pod whose requests have
+// just become slow (it fell behind) shows the new latency over the two
+// scrape intervals while the window still averages in the old; a steady pod
+// gets the same from both.
+func TestRecentLatencyQueryWithRealPrometheus(t *testing.T) {
+	const (
+		scrape = time.Second
+		window = 10 * time.Second
+	)
+	h := newSidecarHistograms()
+	series := []sidecarSeries{
+		{"destination", "web-0", "shop", 100, 20},
+		{"destination", "web-1", "shop", 100, 20},
+	}
+	src := scrapedSource(t, h.reg, scrape, func(ctx context.Context) { h.run(ctx, series) })
+	full := promsource.Target{Namespace: "shop", Service: "web", Pods: []string{"web-0", "web-1"}, Window: window}
+	recent := full
+	recent.Window = 2 * scrape
+	time.Sleep(window + 2*scrape)
+	checkValues(t, src, promsource.DefaultLatencyQuery, full, map[string]float64{"web-0": 0.020, "web-1": 0.020}, 0.01)
+	res := checkRecentQuery(t, src, promsource.DefaultLatencyQuery, recent, map[string]float64{"web-0": 0.020, "web-1": 0.020}, 0.01)
+	if !strings.Contains(res.Query, "[2s]") {
+		t.Errorf("recent latency query %s has no [2s] window", res.Query)
+	}
+
+	// web-1 falls behind: its requests now take 400 ms. Three scrape
+	// intervals later the last two hold only the new ones.
+	h.setMillis(1, 400)
+	time.Sleep(3*scrape + scrape/2)
+	long, err := src.Query(t.Context(), promsource.DefaultLatencyQuery, full, time.Time{})
+	if err != nil || long.Err() != nil {
+		t.Fatalf("query %s: %v %v", long.Query, err, long.Err())
+	}
+	res = checkRecentQuery(t, src, promsource.DefaultLatencyQuery, recent, map[string]float64{"web-0": 0.020, "web-1": 0.400}, 0.03)
+	if v := long.Values["web-1"]; !(v > 0.05 && v < 0.3) {
+		t.Errorf("web-1 over the %v window: %v s, want between the old 0.02 and the new 0.4 (a mix of both)", window, v)
+	}
+	if got := res.Values["web-1"] / long.Values["web-1"]; got < 2 {
+		t.Errorf("web-1: recent %v s is %.1fx the window's %v s; the look between cycles would miss it (it rings at 2x)", res.Values["web-1"], got, long.Values["web-1"])
+	}
+	t.Logf("after the slowdown: recent latency %v via %s; over the window %v via %s", res.Values, res.Query, long.Values, long.Query)
 }

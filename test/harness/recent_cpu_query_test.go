@@ -38,12 +38,12 @@ func (c *cpuCounter) step(cores float64) {
 	c.at, c.cores = now, cores
 }
 
-// checkRecent is checkValues for a window of two scrape intervals: it holds
-// two samples of a series only while the scrapes keep their schedule, so a
-// late scrape leaves a pod out for a moment (the operator then has no recent
-// CPU for it that cycle). An answer without every pod is asked again; a
-// wrong value fails.
-func checkRecent(t *testing.T, src *promsource.Source, target promsource.Target, want map[string]float64) promsource.Result {
+// checkRecentQuery is checkValues for a window of two scrape intervals: it
+// holds two samples of a series only while the scrapes keep their
+// schedule, so a late scrape leaves a pod out for a moment (the operator
+// then has no recent value for it that cycle). An answer without every pod
+// is asked again; a value off by more than tol (relative) fails.
+func checkRecentQuery(t *testing.T, src *promsource.Source, tmpl string, target promsource.Target, want map[string]float64, tol float64) promsource.Result {
 	t.Helper()
 	var (
 		res promsource.Result
@@ -54,7 +54,7 @@ func checkRecent(t *testing.T, src *promsource.Source, target promsource.Target,
 			time.Sleep(300 * time.Millisecond)
 		}
 		// An empty answer (every pod between two samples) is an error.
-		if res, err = src.Query(t.Context(), promsource.DefaultCPUQuery, target, time.Time{}); err == nil && len(res.Values) == len(want) {
+		if res, err = src.Query(t.Context(), tmpl, target, time.Time{}); err == nil && len(res.Values) == len(want) {
 			break
 		}
 	}
@@ -62,11 +62,17 @@ func checkRecent(t *testing.T, src *promsource.Source, target promsource.Target,
 		t.Fatalf("query %s: values %v (error %v, issues %v), want pods of %v", res.Query, res.Values, err, res.Err(), want)
 	}
 	for pod, w := range want {
-		if v := res.Values[pod]; math.Abs(v-w) > 0.03*w {
-			t.Fatalf("query %s: %s = %v, want %v ± 3%% (all values %v)", res.Query, pod, v, w, res.Values)
+		if v := res.Values[pod]; math.Abs(v-w) > tol*w {
+			t.Fatalf("query %s: %s = %v, want %v ± %.0f%% (all values %v)", res.Query, pod, v, w, 100*tol, res.Values)
 		}
 	}
 	return res
+}
+
+// checkRecent is checkRecentQuery for the CPU query, within 3%.
+func checkRecent(t *testing.T, src *promsource.Source, target promsource.Target, want map[string]float64) promsource.Result {
+	t.Helper()
+	return checkRecentQuery(t, src, promsource.DefaultCPUQuery, target, want, 0.03)
 }
 
 // TestRecentCPUQueryWithRealPrometheus runs DefaultCPUQuery through a real

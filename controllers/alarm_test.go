@@ -1,0 +1,207 @@
+package controllers
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/metrics"
+)
+
+// fleetSource answers the default queries for four equal pods at half of
+// their 2 cores, 100 requests/s each at 20 ms, and the latency query over a
+// window shorter than the query window (the recent latency) from recent
+// (20 ms when absent). It records the latency queries it rendered.
+type fleetSource struct {
+	s Settings
+
+	mu        sync.Mutex
+	recent    map[string]float64
+	latencies []string
+}
+
+func (f *fleetSource) setRecent(pod string, v float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.recent[pod] = v
+}
+
+func (f *fleetSource) Query(_ context.Context, tmpl string, t promsource.Target, _ time.Time) (promsource.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q, err := promsource.Render(tmpl, t)
+	if err != nil {
+		return promsource.Result{Query: tmpl}, err
+	}
+	v := map[string]float64{}
+	for _, p := range t.Pods {
+		switch tmpl {
+		case f.s.CPUQuery:
+			v[p] = 1
+		case f.s.RequestQuery:
+			v[p] = 100
+		case f.s.LatencyQuery:
+			v[p] = 0.02
+			if r, ok := f.recent[p]; ok && t.Window < f.s.Params.QueryWindow {
+				v[p] = r
+			}
+		}
+	}
+	if tmpl == f.s.LatencyQuery {
+		f.latencies = append(f.latencies, q)
+	}
+	if len(v) == 0 {
+		return promsource.Result{Query: q}, &promsource.EmptyResultError{Query: q}
+	}
+	return promsource.Result{Query: q, Values: v}, nil
+}
+
+// learnedLoop returns a loop over optimizer ns/web whose engine has learned
+// the fleet, with its source, key and settings.
+func learnedLoop(t *testing.T, clk *clocktesting.FakeClock) (*WeightLoop, *fleetSource, types.NamespacedName, Settings) {
+	t.Helper()
+	s, err := settingsFor(optimizerFor("ns", "web"), DefaultEngineDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	book := NewWeightBook()
+	var eps []desired.Endpoint
+	for _, p := range []string{"web-0", "web-1", "web-2", "web-3"} {
+		eps = append(eps, desired.Endpoint{Pod: p, Cores: 2, Weight: 1000})
+	}
+	book.Applied(key, s.Params, clk.Now(), eps)
+	src := &fleetSource{s: s, recent: map[string]float64{}}
+	loop := &WeightLoop{Source: src, Book: book, Clock: clk, Metrics: metrics.New(), Wake: make(chan event.GenericEvent, 100)}
+	for range 6 {
+		clk.Step(2 * time.Minute)
+		loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
+		if out := book.Outcome(key); out != nil && out.Result.Changed {
+			book.Applied(key, s.Params, clk.Now(), withWeights(book.Endpoints(key), out.Result.Weights))
+		}
+	}
+	if out := book.Outcome(key); out == nil || !out.Result.Learned {
+		t.Fatalf("the engine did not learn four equal pods: %+v", out)
+	}
+	return loop, src, key, s
+}
+
+func withWeights(eps []desired.Endpoint, w map[string]uint32) []desired.Endpoint {
+	out := append([]desired.Endpoint(nil), eps...)
+	for i := range out {
+		out[i].Weight = w[out[i].Pod]
+	}
+	return out
+}
+
+// By default (ROUND_ROBIN, the default queries, 15 s scrapes) the look
+// between cycles runs every 5 s; it does not where it would not help or
+// could not run.
+func TestProbeIntervalFollowsTheSpec(t *testing.T) {
+	d := DefaultEngineDefaults()
+	cases := []struct {
+		name string
+		edit func(*optv1.IstioAdaptiveRequestOptimizer)
+		want time.Duration
+	}{
+		{"defaults", func(*optv1.IstioAdaptiveRequestOptimizer) {}, 5 * time.Second},
+		{"LEAST_REQUEST steers around queues itself", func(o *optv1.IstioAdaptiveRequestOptimizer) {
+			o.Spec.LoadBalancer = optv1.LoadBalancerLeastRequest
+		}, 0},
+		{"dry run applies nothing", func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.DryRun = true }, 0},
+		{"no latency query", func(o *optv1.IstioAdaptiveRequestOptimizer) {
+			o.Spec.Optimization = &optv1.Optimization{LatencyQuery: "-"}
+		}, 0},
+		{"no scrape interval", func(o *optv1.IstioAdaptiveRequestOptimizer) {
+			o.Spec.Optimization = &optv1.Optimization{ScrapeInterval: &optv1.Duration{}}
+		}, 0},
+		{"30 s scrapes", func(o *optv1.IstioAdaptiveRequestOptimizer) {
+			o.Spec.Optimization = &optv1.Optimization{ScrapeInterval: &optv1.Duration{Duration: 30 * time.Second},
+				QueryWindow: &optv1.Duration{Duration: 2 * time.Minute}}
+		}, 10 * time.Second},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := optimizerFor("ns", "web")
+			tc.edit(o)
+			s, err := settingsFor(o, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.ProbeInterval != tc.want {
+				t.Errorf("probe interval %v, want %v (recent latency window %v)", s.ProbeInterval, tc.want, s.RecentLatencyWindow)
+			}
+		})
+	}
+}
+
+// The look between cycles queries the latency over the last two scrape
+// intervals; a pod at 10x its usual latency rings the engine's alarm,
+// which optimizer_alarms_total counts; the usual latency does not.
+func TestProbeRingsForAPodThatFellBehind(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	loop, src, key, s := learnedLoop(t, clk)
+	tgt := target{"ns", "web"}
+	alarms := func() float64 { return testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")) }
+
+	clk.Step(5 * time.Second)
+	if loop.probe(context.Background(), logr.Discard(), key, tgt, s) || alarms() != 0 {
+		t.Fatalf("usual latencies rang the alarm (%v counted)", alarms())
+	}
+	last := src.latencies[len(src.latencies)-1]
+	if !strings.Contains(last, "[30s]") {
+		t.Errorf("the look queried %s, want the latency query over [30s]", last)
+	}
+
+	src.setRecent("web-2", 0.2)
+	clk.Step(5 * time.Second)
+	if !loop.probe(context.Background(), logr.Discard(), key, tgt, s) {
+		t.Fatal("web-2 at 10x its latency did not ring the alarm")
+	}
+	if alarms() != 1 {
+		t.Errorf("optimizer_alarms_total = %v, want 1", alarms())
+	}
+}
+
+// Under the running worker, an alarm runs the cycle at once, long before
+// the cycle's timer.
+func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	loop, src, key, s := learnedLoop(t, clk)
+	wake := make(chan event.GenericEvent, 100)
+	loop.Wake = wake
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = loop.Start(ctx) }()
+	opt := optimizerFor("ns", "web")
+	loop.Ensure(opt, s)
+	before := loop.Book.Outcome(key).Time
+
+	// web-2 falls behind: its queue shows in its latency first.
+	src.setRecent("web-2", 2)
+	waitFor(t, func() bool { return clk.HasWaiters() })
+	clk.Step(s.ProbeInterval)
+	select {
+	case <-wake:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no cycle within %v of the slowdown (the cycle is %v)", s.ProbeInterval, s.Cycle)
+	}
+	out := loop.Book.Outcome(key)
+	if !out.Time.After(before) || out.Time.Sub(before) > s.ProbeInterval {
+		t.Errorf("the cycle ran at %v, want %v after the last one", out.Time.Sub(before), s.ProbeInterval)
+	}
+	if got := testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")); got != 1 {
+		t.Errorf("optimizer_alarms_total = %v, want 1", got)
+	}
+}
