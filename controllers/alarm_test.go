@@ -29,6 +29,14 @@ type fleetSource struct {
 	mu        sync.Mutex
 	recent    map[string]float64
 	latencies []string
+	// failRecent, when set, is the answer to the recent latency query.
+	failRecent error
+}
+
+func (f *fleetSource) setFailRecent(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failRecent = err
 }
 
 func (f *fleetSource) setRecent(pod string, v float64) {
@@ -43,6 +51,10 @@ func (f *fleetSource) Query(_ context.Context, tmpl string, t promsource.Target,
 	q, err := promsource.Render(tmpl, t)
 	if err != nil {
 		return promsource.Result{Query: tmpl}, err
+	}
+	if tmpl == f.s.LatencyQuery && t.Window < f.s.Params.QueryWindow && f.failRecent != nil {
+		f.latencies = append(f.latencies, q)
+		return promsource.Result{Query: q}, f.failRecent
 	}
 	v := map[string]float64{}
 	for _, p := range t.Pods {
@@ -203,5 +215,47 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")); got != 1 {
 		t.Errorf("optimizer_alarms_total = %v, want 1", got)
+	}
+}
+
+// A look that fails counts in optimizer_query_errors_total; an empty answer
+// (no pod served anything lately) does not. While the backend fails and the
+// weights are held (Holding), there is no look at all.
+func TestProbeFailuresAndHeldWeights(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	loop, src, key, s := learnedLoop(t, clk)
+	tgt := target{"ns", "web"}
+	errs := func(reason string) float64 {
+		return testutil.ToFloat64(loop.Metrics.QueryErrors.WithLabelValues("ns", "web", "recent_latency", reason))
+	}
+
+	src.setFailRecent(&promsource.ServerError{StatusCode: 503, Type: "server_error", Message: "overloaded"})
+	clk.Step(5 * time.Second)
+	if loop.probe(context.Background(), logr.Discard(), key, tgt, s) {
+		t.Error("a failed look rang the alarm")
+	}
+	if got := errs("server_error"); got != 1 {
+		t.Errorf(`query_errors{signal="recent_latency",reason="server_error"} = %v, want 1`, got)
+	}
+	src.setFailRecent(&promsource.EmptyResultError{Query: "q"})
+	clk.Step(5 * time.Second)
+	if loop.probe(context.Background(), logr.Discard(), key, tgt, s) || errs("empty") != 0 {
+		t.Errorf("an empty look rang or counted (%v)", errs("empty"))
+	}
+
+	// The backend fails a whole cycle: weights held, no more looks.
+	src.setFailRecent(nil)
+	loop.Source = failingSource{&promsource.ServerError{StatusCode: 503, Type: "server_error", Message: "down"}}
+	clk.Step(30 * time.Second)
+	loop.cycle(context.Background(), logr.Discard(), key, tgt, s)
+	if out := loop.Book.Outcome(key); out.Result.Mode != "Holding" {
+		t.Fatalf("mode %s after a failed cycle, want Holding", out.Result.Mode)
+	}
+	loop.Source = src
+	src.setRecent("web-2", 2)
+	n := len(src.latencies)
+	clk.Step(5 * time.Second)
+	if loop.probe(context.Background(), logr.Discard(), key, tgt, s) || len(src.latencies) != n {
+		t.Errorf("looked (%d queries) or rang while the weights are held", len(src.latencies)-n)
 	}
 }

@@ -196,13 +196,16 @@ func (l *WeightLoop) await(ctx context.Context, logger logr.Logger, key types.Na
 }
 
 // probe is the look between cycles: while the last cycle's weights are
-// Learned (the Service runs ROUND_ROBIN on them), the latency query over
-// the last two scrape intervals, judged by the engine's Alarm. It reports
-// whether to run the cycle now. A failed look is left to the next cycle,
-// which runs every query and reports their errors.
+// Learned (the Service runs ROUND_ROBIN on them) and rest on fresh data
+// (Optimizing or Steady: not while a failing backend holds them), the
+// latency query over the last two scrape intervals, judged by the engine's
+// Alarm. It reports whether to run the cycle now. A failed look counts in
+// optimizer_query_errors_total{signal="recent_latency"}; the next cycle
+// runs every query and says more.
 func (l *WeightLoop) probe(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings) bool {
 	out := l.Book.Outcome(key)
-	if out == nil || !out.Result.Learned || out.DryRun {
+	if out == nil || !out.Result.Learned || out.DryRun ||
+		out.Result.Mode != weights.ModeOptimizing && out.Result.Mode != weights.ModeSteady {
 		return false
 	}
 	eps := l.Book.Endpoints(key)
@@ -217,7 +220,11 @@ func (l *WeightLoop) probe(ctx context.Context, logger logr.Logger, key types.Na
 	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods, Window: s.RecentLatencyWindow}
 	res, err := l.Source.Query(ctx, s.LatencyQuery, qt, now)
 	if err != nil {
-		logger.V(1).Info("Look between cycles failed; the next cycle will tell", "error", textutil.Printable(err.Error(), textutil.LogLimit))
+		var empty *promsource.EmptyResultError
+		if ctx.Err() == nil && !errors.As(err, &empty) {
+			l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "recent_latency", queryErrorReason(err)).Inc()
+			logger.V(1).Info("Look between cycles failed; the next cycle will tell", "error", textutil.Printable(err.Error(), textutil.LogLimit))
+		}
 		return false
 	}
 	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(res.Values))}
