@@ -106,3 +106,5 @@ constant $w/split.go offeredGain 0.25 0.125
 constant $w/split.go offeredGain 0.25 0.5
 constant $w/learned.go learnedShare 0.9 0.8
 constant $w/learned.go learnedShare 0.9 0.95
+constant $w/alarm.go alarmLatency 2 1
+constant $w/alarm.go alarmLatency 2 4
