@@ -44,22 +44,56 @@ const alarmLatency = 2
 // did not know of, which one, and why, for the log. It changes nothing:
 // the caller runs a cycle (Update, with the full window) when it rings.
 func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bool) {
-	if obs.Err != nil || !e.lastLearned || e.mode != ModeOptimizing && e.mode != ModeSteady {
+	if obs.Err != nil || !e.Alarming() {
 		return "", "", false
 	}
 	for _, p := range canonicalPods(pods) {
 		st := e.pods[p.Name]
 		raw, ok := obs.Signals[p.Name]
-		if st == nil || !ok || st.hot || st.drainOr1() < 1 {
+		if st == nil || !ok || st.hot || st.drainOr1() < 1 || !(st.latency > 0) {
 			continue
 		}
-		if r := raw.RecentLatency; usable(r) && st.latency > 0 && r >= alarmLatency*st.latency &&
-			math.Log(r/st.latency) >= recentSigmas*recentNoise(st.latencyRatios) {
+		if r := raw.RecentLatency; usable(r) && st.alarmed(r/st.latency) {
 			return p.Name, fmt.Sprintf("its latency over the last scrapes, %v, is %.1fx the %v of the last cycle",
 				roundLatency(r), r/st.latency, roundLatency(st.latency)), true
 		}
 	}
 	return "", "", false
+}
+
+// Alarming reports whether Alarm can ring at all: the last result was
+// Learned (the operator runs ROUND_ROBIN on the weights) and rests on
+// fresh data (Optimizing or Steady: not held through failed queries, low
+// load or a fallback). The operator looks between cycles only then.
+func (e *Engine) Alarming() bool {
+	return e.lastLearned && (e.mode == ModeOptimizing || e.mode == ModeSteady)
+}
+
+// alarmed reports whether a pod's latency at ratio times the reference is
+// past the alarm: at least alarmLatency, and recentSigmas of the pod's
+// usual recent-to-window difference.
+func (st *podState) alarmed(ratio float64) bool {
+	return ratio >= alarmLatency && math.Log(ratio) >= recentSigmas*recentNoise(st.latencyRatios)
+}
+
+// noteLatency records, at the end of a cycle with data, what Alarm compares
+// with until the next one. The reference is the higher of the window's
+// latency and the recent one: a look that finds the latency risen past
+// the alarm rings once, and again only when it has risen as much again
+// (an alarm's cycle sees the recent latency that rang). The pod's usual
+// difference between the two learns only from cycles in which the pod kept
+// up (not at its limit, not drained) and that difference was not itself
+// past the alarm, so an overload does not teach the alarm to ignore the
+// next one.
+func (st *podState) noteLatency(ps podSignal) {
+	st.latency = 0
+	if !ps.hasLatency {
+		return
+	}
+	st.latency = max(ps.latency, ps.recentLatency)
+	if ps.recentLatency > 0 && !st.hot && st.drainOr1() == 1 && !st.alarmed(ps.recentLatency/ps.latency) {
+		st.latencyRatios = noteRatio(st.latencyRatios, math.Log(ps.recentLatency/ps.latency))
+	}
 }
 
 func roundLatency(s float64) time.Duration {

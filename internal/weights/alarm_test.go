@@ -75,7 +75,8 @@ func TestAlarm(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e, now := alarmEngine(t)
 			tc.obs.Time = now.Add(5 * time.Second)
-			pod, why, ring := e.Alarm(drainPods(), tc.obs)
+			pods := append(drainPods(), Pod{Name: "zz"}) // zz: in the set, never in a cycle
+			pod, why, ring := e.Alarm(pods, tc.obs)
 			if ring != (tc.pod != "") || pod != tc.pod {
 				t.Fatalf("Alarm = %q, %v (%s); want pod %q", pod, ring, why, tc.pod)
 			}
@@ -106,9 +107,9 @@ func TestAlarmChangesNothing(t *testing.T) {
 	}
 }
 
-// Under LEAST_REQUEST (not Learned), with a pod already drained, or while
-// no fresh data speaks (Holding), the alarm stays silent: the queue is
-// steered around, or already being handled.
+// Under LEAST_REQUEST (not Learned: before any cycle, or after a drain)
+// or while no fresh data speaks (Holding), the alarm stays silent: the
+// queue is steered around, or nothing can be judged.
 func TestAlarmSilentWhenHandled(t *testing.T) {
 	pods := drainPods()
 	slow := func(at time.Time) Observation {
@@ -141,11 +142,13 @@ func TestAlarmSilentWhenHandled(t *testing.T) {
 }
 
 // A pod whose latency over the last scrapes routinely differs from its
-// window's (few, long requests) needs more than alarmLatency to ring.
+// window's (few, long requests) needs more than alarmLatency to ring. Only
+// the swings that would not ring teach it (here the ones down), so an
+// overload does not teach the alarm to ignore the next one.
 func TestAlarmLearnsEachPodsNoise(t *testing.T) {
 	pods := drainPods()
 	e, now := alarmEngine(t)
-	for k := range 8 {
+	for k := range 16 {
 		now = now.Add(quiet)
 		f := 3.0
 		if k%2 == 1 {
@@ -162,5 +165,89 @@ func TestAlarmLearnsEachPodsNoise(t *testing.T) {
 	}
 	if _, _, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"a": {RecentLatency: 20}}}); !ring {
 		t.Error("a at 1000x did not ring")
+	}
+}
+
+// A pod at its limit or drained is being handled: no alarm for it, while
+// another pod in the same state as before still rings.
+func TestAlarmSilentForAPodAlreadyHandled(t *testing.T) {
+	pods := drainPods()
+	slow := Observation{Signals: map[string]Signal{"a": {RecentLatency: 0.2}, "b": {RecentLatency: 0.2}}}
+	for name, handle := range map[string]func(*podState){
+		"at its limit": func(st *podState) { st.hot = true },
+		"drained":      func(st *podState) { st.drain = 0.5 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			e, now := alarmEngine(t)
+			handle(e.pods["a"])
+			slow.Time = now.Add(5 * time.Second)
+			if pod, _, ring := e.Alarm(pods, slow); !ring || pod != "b" {
+				t.Errorf("Alarm = %q, %v; want b (a is %s)", pod, ring, name)
+			}
+		})
+	}
+}
+
+// An alarm's cycle is Early: the engine's cycle length and noise (its
+// bands, its Snapshot) stay those the regular cycles measured. That cycle remembers the
+// recent latency that rang, so the same latency does not ring again, but
+// twice as much does.
+func TestAlarmCycleIsEarly(t *testing.T) {
+	pods := drainPods()
+	e, now := alarmEngine(t)
+	snap := e.Snapshot()
+	if before := snap.CycleSeconds; before != quiet.Seconds() {
+		t.Fatalf("cycle %vs, want the %v between the regular cycles", before, quiet)
+	}
+	at := now.Add(5 * time.Second)
+	if _, _, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"c": {RecentLatency: 0.2}}}); !ring {
+		t.Fatal("c at 10x did not ring")
+	}
+	obs := withLatency(servedObs(at, e.live, 400, nil, nil), map[string]float64{"c": 0.2})
+	obs.Early = true
+	cycle(e, pods, obs)
+	if got := e.Snapshot(); got != snap {
+		t.Errorf("after an early cycle 5 s on, the learned state is %+v, want %+v (its window is mostly the last cycle's)", got, snap)
+	}
+	at = at.Add(5 * time.Second)
+	if pod, why, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"c": {RecentLatency: 0.25}}}); ring {
+		t.Errorf("the latency that rang, a little higher, rang again for %s: %s", pod, why)
+	}
+	if _, _, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"c": {RecentLatency: 0.5}}}); !ring {
+		t.Error("c at 2.5x the latency that rang did not ring")
+	}
+	cycle(e, pods, withLatency(servedObs(now.Add(quiet), e.live, 400, nil, nil), nil))
+	if got := e.Snapshot().CycleSeconds; got != quiet.Seconds() {
+		t.Errorf("the next regular cycle measured %vs, want %v from the last regular one", got, quiet)
+	}
+}
+
+// What an overload shows does not teach the alarm its noise: the
+// difference is learned only while the pod keeps up and the difference
+// would not ring.
+func TestNoteLatencyLearnsOnlyFromPodsThatKeepUp(t *testing.T) {
+	ps := podSignal{latency: 0.02, hasLatency: true, recentLatency: 0.025}
+	for name, st := range map[string]*podState{
+		"at its limit":      {hot: true},
+		"drained":           {drain: 0.5},
+		"past the alarm":    {},
+		"without a latency": {},
+	} {
+		p := ps
+		switch name {
+		case "past the alarm":
+			p.recentLatency = 0.2
+		case "without a latency":
+			p.hasLatency, p.latency = false, 0
+		}
+		st.noteLatency(p)
+		if len(st.latencyRatios) != 0 {
+			t.Errorf("%s: learned %v", name, st.latencyRatios)
+		}
+	}
+	st := &podState{}
+	st.noteLatency(ps)
+	if len(st.latencyRatios) != 1 || st.latency != 0.025 {
+		t.Errorf("a pod that keeps up: ratios %v, reference %v; want one ratio and the higher latency 0.025", st.latencyRatios, st.latency)
 	}
 }

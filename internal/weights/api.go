@@ -130,6 +130,10 @@ type Observation struct {
 	Time    time.Time
 	Err     error             // non-nil: the whole query failed
 	Signals map[string]Signal // by Pod.Name; missing pods have no data
+	// Early: the cycle runs between the regular ones because Alarm rang.
+	// It says nothing of how often cycles run, which the engine measures
+	// (its noise bands and Snapshot depend on it).
+	Early bool
 }
 
 // Mode says what the engine did this cycle.

@@ -114,9 +114,10 @@ type podState struct {
 
 	// hot: at the last cycle the pod's CPU was at its Cores limit.
 	hot bool
-	// latency is the pod's Signal.Latency at the last cycle with data, 0
-	// when it had none; latencyRatios are the last cycles' |log(recent
-	// latency / window latency)| while it kept up (see Alarm).
+	// latency is the latency the last cycle with data knew of for the
+	// pod, 0 when it had none; latencyRatios are the last cycles'
+	// |log(recent latency / window latency)| while it kept up (see Alarm
+	// and noteLatency).
 	latency       float64
 	latencyRatios []float64
 	// drain is the factor (below 1) the pod's weight is drained by this
@@ -273,7 +274,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	e.markBlind(set, sig)
 	e.judgeRecent(set, sig)
 	shares := e.windowShares(now, set)
-	learnedFrom := e.learn(now, set, sig, shares)
+	learnedFrom := e.learn(now, set, sig, shares, obs.Early)
 	e.lastFromRequests = sig.fromRequests
 	e.lastWithLatency = sig.withLatency > 0
 	e.estimateCores(now, set, sig, shares)
@@ -292,16 +293,18 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		e.splitLoad = 0
 	}
 	ds := e.trackBacklogs(now, set, sig, shares)
-	if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
-		e.cycle = now.Sub(e.lastUpdate)
+	if !obs.Early {
+		if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
+			e.cycle = now.Sub(e.lastUpdate)
+		}
+		e.lastUpdate = now
 	}
-	e.lastUpdate = now
 	proposal := e.capacityProposal(now, set)
 	drained, worst, worstQ := e.drainProposal(set, sig, ds, proposal)
 	for i, pod := range set {
 		st := e.state(pod.Name)
 		st.hot = ds.hot[i]
-		st.latency = sig.pods[i].latency // 0 without one
+		st.noteLatency(sig.pods[i])
 	}
 	res := e.finish(now, set, ModeOptimizing, proposal, true, "")
 	source := "CPU and the weights held"

@@ -38,11 +38,6 @@ type podSignal struct {
 func (e *Engine) judgeRecent(set []Pod, sig signals) {
 	for i, pod := range set {
 		ps := &sig.pods[i]
-		if st := e.pods[pod.Name]; st != nil && ps.hasLatency && ps.recentLatency > 0 && !ps.saturated() && !st.hot && st.drainOr1() == 1 {
-			// How the pod's recent latency usually differs from its
-			// window's, for Alarm.
-			st.latencyRatios = noteRatio(st.latencyRatios, math.Log(ps.recentLatency/ps.latency))
-		}
 		if !(ps.recentCPU > 0) || !(ps.cpu > 0) {
 			ps.recentCPU = 0
 			continue
@@ -213,8 +208,10 @@ type sighting struct {
 // first finds the one scale that best fits the current estimates (a median,
 // so one pod that really changed does not drag the rest), and then moves
 // each estimate only as far as its range forces it. It returns how many
-// pods it learned from.
-func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan) int {
+// pods it learned from. An early cycle (Observation.Early) does not measure
+// the noise: its window is mostly the last cycle's, so its residuals are
+// not a new sample of it.
+func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan, early bool) int {
 	sightings := e.sight(now, set, sig, shares)
 	if len(sightings) == 0 {
 		return 0
@@ -265,7 +262,9 @@ func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan
 			st.restartedAt = now
 		}
 	}
-	e.measureNoise(residuals)
+	if !early {
+		e.measureNoise(residuals)
+	}
 	e.rememberClasses(set)
 	e.normalize(set)
 	return len(sightings)

@@ -118,21 +118,21 @@ func (o *optimizerCtl) observe(s *sim) weights.Observation {
 // default load_balancer), where nothing else steers around a queue.
 func (o *optimizerCtl) probes() bool { return o.lrUntilLearned }
 
-// probe is the operator's look between cycles: the latency and CPU
-// queries over the last two scrape intervals, judged by Engine.Alarm. It
-// reports whether to run a cycle now. Under LEAST_REQUEST (not Learned)
-// Alarm stays silent.
+// probe is the operator's look between cycles: the latency query over the
+// last two scrape intervals, judged by Engine.Alarm. It reports whether to
+// run an early cycle now. Under LEAST_REQUEST (not Learned) Alarm stays
+// silent, and with CPU alone (optimizer_cpu) the query finds nothing.
 func (o *optimizerCtl) probe(s *sim) bool {
+	if !o.eng.Alarming() {
+		return false // the operator does not query then
+	}
 	obs := weights.Observation{Time: simTime(s.now), Signals: map[string]weights.Signal{}}
-	recent := 2 * s.scrapeEvery
 	for _, h := range s.hosts {
-		cpu, _ := s.promRateOver(h, seriesCPU, recent)
 		lat := math.NaN()
 		if !o.cpuOnly {
 			lat = s.recentLatency(h)
 		}
-		obs.Signals[s.pods[h].name] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(),
-			RecentCPU: cpu, RecentLatency: lat}
+		obs.Signals[s.pods[h].name] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: lat}
 	}
 	pod, why, ring := o.eng.Alarm(o.pods(s), obs)
 	if ring && s.trace != nil {
@@ -141,8 +141,14 @@ func (o *optimizerCtl) probe(s *sim) bool {
 	return ring
 }
 
-func (o *optimizerCtl) cycle(s *sim) {
+func (o *optimizerCtl) cycle(s *sim) { o.run(s, false) }
+
+// earlyCycle is the cycle an alarm runs between the regular ones.
+func (o *optimizerCtl) earlyCycle(s *sim) { o.run(s, true) }
+
+func (o *optimizerCtl) run(s *sim, early bool) {
 	obs := o.observe(s)
+	obs.Early = early
 	res := o.eng.Update(o.pods(s), obs)
 	s.modes[string(res.Mode)]++
 	if res.Learned && o.learnedAt < 0 {

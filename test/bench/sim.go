@@ -218,10 +218,11 @@ type controller interface {
 }
 
 // prober is a controller that looks at the recent signals between cycles
-// and runs a cycle when they show trouble.
+// and runs an early cycle when they show trouble.
 type prober interface {
 	probes() bool
 	probe(s *sim) bool
+	earlyCycle(s *sim)
 }
 
 type sim struct {
@@ -500,7 +501,7 @@ func (s *sim) run() StrategyResult {
 	}
 	if p, ok := s.ctl.(prober); ok && p.probes() {
 		// As the operator: every third of a scrape interval between
-		// cycles (see controllers.probeInterval).
+		// cycles (controllers.probesPerScrape), on a fixed grid here.
 		every := s.scrapeEvery / 3
 		for k := 1; s.optIn+float64(k)*every <= s.end; k++ {
 			s.push(event{t: s.optIn + float64(k)*every, kind: evProbe})
@@ -542,10 +543,11 @@ func (s *sim) run() StrategyResult {
 		case evScenario:
 			s.applyEvent(&s.sc.Events[e.pod])
 		case evProbe:
-			if s.ctl.(prober).probe(s) {
-				s.cycleIdx++
+			if p := s.ctl.(prober); p.probe(s) {
+				// Not a regular cycle: cycleIdx (convergence, reported in
+				// cycles of the scenario's length) does not count it.
 				s.alarms++
-				s.ctl.cycle(s)
+				p.earlyCycle(s)
 				s.measureConvergence()
 			}
 		case evOptIn:
