@@ -98,7 +98,7 @@ func learnedLoop(t *testing.T, clk *clocktesting.FakeClock) (*WeightLoop, *fleet
 	loop := &WeightLoop{Source: src, Book: book, Clock: clk, Metrics: metrics.New(), Wake: make(chan event.GenericEvent, 100)}
 	for range 6 {
 		clk.Step(2 * time.Minute)
-		loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
+		loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, false)
 		if out := book.Outcome(key); out != nil && out.Result.Changed {
 			book.Applied(key, s.Params, clk.Now(), withWeights(book.Endpoints(key), out.Result.Weights))
 		}
@@ -138,6 +138,9 @@ func TestProbeIntervalFollowsTheSpec(t *testing.T) {
 		{"no scrape interval", func(o *optv1.IstioAdaptiveRequestOptimizer) {
 			o.Spec.Optimization = &optv1.Optimization{ScrapeInterval: &optv1.Duration{}}
 		}, 0},
+		{"15ms scrapes (a typo): at most one look a second", func(o *optv1.IstioAdaptiveRequestOptimizer) {
+			o.Spec.Optimization = &optv1.Optimization{ScrapeInterval: &optv1.Duration{Duration: 15 * time.Millisecond}}
+		}, time.Second},
 		{"30 s scrapes", func(o *optv1.IstioAdaptiveRequestOptimizer) {
 			o.Spec.Optimization = &optv1.Optimization{ScrapeInterval: &optv1.Duration{Duration: 30 * time.Second},
 				QueryWindow: &optv1.Duration{Duration: 2 * time.Minute}}
@@ -197,6 +200,11 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	defer cancel()
 	go func() { _ = loop.Start(ctx) }()
 	opt := optimizerFor("ns", "web")
+	snap, ok := loop.Book.SnapshotToPersist(key)
+	if !ok {
+		t.Fatal("no snapshot to persist after learning")
+	}
+	loop.Book.Persisted(key, snap)
 	loop.Ensure(opt, s)
 	before := loop.Book.Outcome(key).Time
 
@@ -215,6 +223,12 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")); got != 1 {
 		t.Errorf("optimizer_alarms_total = %v, want 1", got)
+	}
+	// The engine was told the cycle was early: what it learned of the
+	// cycle length and the noise, persisted on the optimizer, has not
+	// changed, so there is nothing new to write there.
+	if now, changed := loop.Book.SnapshotToPersist(key); changed {
+		t.Errorf("the early cycle changed the learned state to persist: %+v, was %+v", now, snap)
 	}
 }
 
@@ -247,7 +261,7 @@ func TestProbeFailuresAndHeldWeights(t *testing.T) {
 	src.setFailRecent(nil)
 	loop.Source = failingSource{&promsource.ServerError{StatusCode: 503, Type: "server_error", Message: "down"}}
 	clk.Step(30 * time.Second)
-	loop.cycle(context.Background(), logr.Discard(), key, tgt, s)
+	loop.cycle(context.Background(), logr.Discard(), key, tgt, s, false)
 	if out := loop.Book.Outcome(key); out.Result.Mode != "Holding" {
 		t.Fatalf("mode %s after a failed cycle, want Holding", out.Result.Mode)
 	}
@@ -258,4 +272,72 @@ func TestProbeFailuresAndHeldWeights(t *testing.T) {
 	if loop.probe(context.Background(), logr.Discard(), key, tgt, s) || len(src.latencies) != n {
 		t.Errorf("looked (%d queries) or rang while the weights are held", len(src.latencies)-n)
 	}
+}
+
+// Each cycle runs the latency query over two scrape intervals too: the
+// engine gets each pod's RecentLatency (what it learns the pods' noise
+// from), and optimizer_signal_available{signal="recent_latency"} says so.
+func TestCycleQueriesTheRecentLatency(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	loop, src, key, s := learnedLoop(t, clk)
+	src.setRecent("web-1", 0.03)
+	obs, avail, ok := loop.observe(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, []string{"web-0", "web-1"}, clk.Now())
+	if !ok || !avail.RecentLatency || avail.RecentLatencyDisabled {
+		t.Fatalf("observe: ok %v, signals %+v; want the recent latency", ok, avail)
+	}
+	if a, b := obs.Signals["web-0"], obs.Signals["web-1"]; a.RecentLatency != 0.02 || b.RecentLatency != 0.03 || b.Latency != 0.02 {
+		t.Errorf("signals %+v, want web-1's recent latency 0.03 beside its window's 0.02", obs.Signals)
+	}
+	var recent int
+	for _, q := range src.latencies {
+		if strings.Contains(q, "[30s]") {
+			recent++
+		}
+	}
+	if recent == 0 {
+		t.Errorf("latency queries %q: none over [30s]", src.latencies)
+	}
+	if got := testutil.ToFloat64(loop.Metrics.SignalAvailable.WithLabelValues("ns", "web", "recent_latency")); got != 1 {
+		t.Errorf(`optimizer_signal_available{signal="recent_latency"} = %v, want 1`, got)
+	}
+	s.LatencyQuery = "-"
+	s.complete()
+	if s.RecentLatencyWindow != 0 || s.ProbeInterval != 0 {
+		t.Errorf("latency_query \"-\": recent window %v, look interval %v; want neither", s.RecentLatencyWindow, s.ProbeInterval)
+	}
+}
+
+// Switching an optimizer to ROUND_ROBIN reaches its running worker at once:
+// the looks start without waiting for the next cycle.
+func TestLooksStartWhenTheSettingsAllowThem(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	loop, src, _, s := learnedLoop(t, clk)
+	wake := make(chan event.GenericEvent, 100)
+	loop.Wake = wake
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = loop.Start(ctx) }()
+	opt := optimizerFor("ns", "web")
+	lr := s
+	lr.RoundRobin = false
+	lr.complete()
+	if lr.ProbeInterval != 0 {
+		t.Fatalf("LEAST_REQUEST: look interval %v, want none", lr.ProbeInterval)
+	}
+	loop.Ensure(opt, lr)
+	waitFor(t, func() bool { return clk.HasWaiters() })
+	src.setRecent("web-2", 2)
+	loop.Ensure(opt, s)
+	var stepped time.Duration
+	for stepped < s.Cycle/2 {
+		waitFor(t, func() bool { return clk.HasWaiters() })
+		clk.Step(s.ProbeInterval)
+		stepped += s.ProbeInterval
+		select {
+		case <-wake:
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	t.Errorf("no early cycle within %v of the switch to ROUND_ROBIN (cycle %v)", stepped, s.Cycle)
 }

@@ -115,9 +115,13 @@ func (s *Settings) complete() {
 	s.RecentLatencyWindow = recentWindow(*s, s.LatencyQuery)
 	s.ProbeInterval = 0
 	if s.RoundRobin && !s.DryRun && s.RecentLatencyWindow > 0 {
-		s.ProbeInterval = s.Params.ScrapeInterval / probesPerScrape
+		s.ProbeInterval = max(s.Params.ScrapeInterval/probesPerScrape, minProbeInterval)
 	}
 }
+
+// minProbeInterval bounds the looks' rate whatever scrape_interval says (a
+// typo of 15ms for 15s would otherwise send a query every 5ms).
+const minProbeInterval = time.Second
 
 // probesPerScrape: the look between cycles runs this many times per scrape
 // interval, so a scrape that shows a pod falling behind is seen within a

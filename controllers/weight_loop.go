@@ -96,7 +96,10 @@ func (l *WeightLoop) Ensure(opt *optv1.IstioAdaptiveRequestOptimizer, s Settings
 	defer l.mu.Unlock()
 	if w := l.workers[key]; w != nil {
 		w.mu.Lock()
-		changed := w.settings.Cycle != s.Cycle
+		// A new cycle restarts the wait; so does a new look interval
+		// (looks switched on or off), which await would otherwise only
+		// see after the next cycle.
+		changed := w.settings.Cycle != s.Cycle || w.settings.ProbeInterval != s.ProbeInterval
 		w.settings, w.target = s, tgt
 		w.mu.Unlock()
 		if changed {
@@ -137,94 +140,91 @@ func (l *WeightLoop) run(ctx context.Context, key types.NamespacedName, w *worke
 	// Different phases spread the optimizers' queries over the cycle.
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), hashKey(key.String())))
 	for {
-		w.mu.Lock()
-		cycle := w.settings.Cycle
-		w.mu.Unlock()
-		wait := cycle + time.Duration(rng.Float64()*0.1*float64(cycle))
-		switch l.await(ctx, logger, key, w, l.Clock.NewTimer(wait)) {
+		s, _ := w.current()
+		wait := s.Cycle + time.Duration(rng.Float64()*0.1*float64(s.Cycle))
+		switch l.await(ctx, logger, key, w, l.Clock.Now().Add(wait)) {
 		case stopped:
 			return
 		case updated:
 			continue
 		}
-		w.mu.Lock()
-		s, tgt := w.settings, w.target
-		w.mu.Unlock()
-		l.cycle(ctx, logger, key, tgt, s)
+		s, tgt := w.current()
+		l.cycle(ctx, logger, key, tgt, s, false)
 	}
+}
+
+// current returns the worker's settings and target now.
+func (w *worker) current() (Settings, target) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.settings, w.target
 }
 
 type awaited int
 
 const (
-	due     awaited = iota // the cycle's timer fired
-	updated                // the settings' cycle changed
+	due     awaited = iota // the cycle is due
+	updated                // the settings' cycle or look interval changed
 	stopped                // the worker is stopping
 )
 
-// await waits for the cycle's timer and, every Settings.ProbeInterval
+// await waits until the cycle is due and, every Settings.ProbeInterval
 // meanwhile, looks at the recent latency (probe); when the engine's Alarm
-// rings it runs a cycle at once. The regular cycle keeps its time.
-func (l *WeightLoop) await(ctx context.Context, logger logr.Logger, key types.NamespacedName, w *worker, timer clock.Timer) awaited {
-	defer timer.Stop()
+// rings it runs an early cycle at once. The regular cycle keeps its time,
+// and no look starts within one interval of it, so an alarm's cycle does
+// not run just before the regular one.
+func (l *WeightLoop) await(ctx context.Context, logger logr.Logger, key types.NamespacedName, w *worker, dueAt time.Time) awaited {
 	for {
-		w.mu.Lock()
-		s, tgt := w.settings, w.target
-		w.mu.Unlock()
-		var probe <-chan time.Time
-		stopProbe := func() {}
-		if s.ProbeInterval > 0 {
-			pt := l.Clock.NewTimer(s.ProbeInterval)
-			probe, stopProbe = pt.C(), func() { pt.Stop() }
+		s, _ := w.current()
+		wait := dueAt.Sub(l.Clock.Now())
+		if wait <= 0 {
+			return due
 		}
+		look := s.ProbeInterval > 0 && s.ProbeInterval < wait
+		if look {
+			wait = s.ProbeInterval
+		}
+		timer := l.Clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			stopProbe()
+			timer.Stop()
 			return stopped
 		case <-w.update:
-			stopProbe()
+			timer.Stop()
 			return updated
 		case <-timer.C():
-			stopProbe()
+		}
+		if !look {
 			return due
-		case <-probe:
-			if l.probe(ctx, logger, key, tgt, s) {
-				l.cycle(ctx, logger, key, tgt, s)
-			}
+		}
+		// The settings may have changed while waiting.
+		s, tgt := w.current()
+		if s.ProbeInterval > 0 && l.probe(ctx, logger, key, tgt, s) {
+			l.cycle(ctx, logger, key, tgt, s, true)
 		}
 	}
 }
 
-// probe is the look between cycles: while the last cycle's weights are
-// Learned (the Service runs ROUND_ROBIN on them) and rest on fresh data
-// (Optimizing or Steady: not while a failing backend holds them), the
-// latency query over the last two scrape intervals, judged by the engine's
-// Alarm. It reports whether to run the cycle now. A failed look counts in
+// probe is the look between cycles: while the engine's Alarm can ring
+// (its last weights are Learned, so the Service runs ROUND_ROBIN on them,
+// and rest on fresh data), the latency query over the last two scrape
+// intervals, bounded by one look interval, judged by Alarm. It reports
+// whether to run an early cycle now. A failed look counts in
 // optimizer_query_errors_total{signal="recent_latency"}; the next cycle
 // runs every query and says more.
 func (l *WeightLoop) probe(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings) bool {
-	out := l.Book.Outcome(key)
-	if out == nil || !out.Result.Learned || out.DryRun ||
-		out.Result.Mode != weights.ModeOptimizing && out.Result.Mode != weights.ModeSteady {
+	pods := podNames(l.Book.Endpoints(key))
+	if len(pods) == 0 || !l.Book.Alarming(key) {
 		return false
-	}
-	eps := l.Book.Endpoints(key)
-	if len(eps) == 0 {
-		return false
-	}
-	pods := make([]string, 0, len(eps))
-	for _, ep := range eps {
-		pods = append(pods, ep.Pod)
 	}
 	now := l.Clock.Now()
+	qctx, cancel := context.WithTimeout(ctx, s.ProbeInterval)
+	defer cancel()
 	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods, Window: s.RecentLatencyWindow}
-	res, err := l.Source.Query(ctx, s.LatencyQuery, qt, now)
-	if err != nil {
-		var empty *promsource.EmptyResultError
-		if ctx.Err() == nil && !errors.As(err, &empty) {
-			l.Metrics.QueryErrors.WithLabelValues(tgt.namespace, tgt.service, "recent_latency", queryErrorReason(err)).Inc()
-			logger.V(1).Info("Look between cycles failed; the next cycle will tell", "error", textutil.Printable(err.Error(), textutil.LogLimit))
-		}
+	res := l.optionalSignal(qctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, now)
+	if ctx.Err() != nil || len(res.Values) == 0 {
+		// Stopped (the optimizer may be gone: no series written now), or
+		// nothing to judge.
 		return false
 	}
 	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(res.Values))}
@@ -239,20 +239,27 @@ func (l *WeightLoop) probe(ctx context.Context, logger logr.Logger, key types.Na
 	return ring
 }
 
-// cycle runs one optimization: query, compute, record, wake the mirror.
-func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings) {
-	eps := l.Book.Endpoints(key)
-	if len(eps) == 0 {
-		return
-	}
+// podNames lists the pods of endpoints, in their order.
+func podNames(eps []desired.Endpoint) []string {
 	pods := make([]string, 0, len(eps))
 	for _, ep := range eps {
 		pods = append(pods, ep.Pod)
+	}
+	return pods
+}
+
+// cycle runs one optimization: query, compute, record, wake the mirror.
+// early: an alarm runs it between the regular cycles (see await).
+func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings, early bool) {
+	pods := podNames(l.Book.Endpoints(key))
+	if len(pods) == 0 {
+		return
 	}
 	obs, avail, ok := l.observe(ctx, logger, key, tgt, s, pods, l.Clock.Now())
 	if !ok {
 		return
 	}
+	obs.Early = early
 	out, eps, ok := l.Book.Update(key, s.Params, obs, s.DryRun)
 	if !ok {
 		return
@@ -265,7 +272,7 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 	out.Signals = l.Book.noteSignals(key, avail)
 	l.publish(tgt, eps, obs, out)
 	if out.Result.Changed {
-		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "message", out.Result.Message)
+		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "early", early, "message", out.Result.Message)
 	}
 	select {
 	case l.Wake <- event.GenericEvent{Object: wakeObject(key)}:

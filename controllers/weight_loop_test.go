@@ -171,7 +171,7 @@ func TestEmptyAnswerIsNoDataNotAnOutage(t *testing.T) {
 	wake := make(chan event.GenericEvent, 1)
 	loop := &WeightLoop{Source: emptySource{}, Book: book, Clock: clk, Metrics: metrics.New(), Wake: wake}
 	s, _ := settingsFor(optimizerFor("ns", "web"), d)
-	loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
+	loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, false)
 	out := book.Outcome(key)
 	if out == nil || out.Result.Mode != weights.ModeNoData {
 		t.Fatalf("outcome %+v, want mode NoData", out)
@@ -197,7 +197,7 @@ func TestCycleEndedByDeletionCountsNoError(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // deleted while the query was in flight
-	loop.cycle(ctx, logr.Discard(), key, target{namespace: "ns", service: "slow"}, settings)
+	loop.cycle(ctx, logr.Discard(), key, target{namespace: "ns", service: "slow"}, settings, false)
 	if n := testutil.CollectAndCount(m.ReconcilerErrors); n != 0 {
 		t.Errorf("%d reconciler_errors series after a cycle ended by deletion, want 0", n)
 	}

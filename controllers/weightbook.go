@@ -164,6 +164,15 @@ func (b *WeightBook) Update(key types.NamespacedName, p weights.Params, obs weig
 	return out, e.endpoints, true
 }
 
+// Alarming reports whether the engine's Alarm can ring at all
+// (weights.Engine.Alarming), so that a look is worth a query.
+func (b *WeightBook) Alarming(key types.NamespacedName) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[key]
+	return e != nil && len(e.endpoints) > 0 && e.engine.Alarming()
+}
+
 // Alarm asks the engine whether the recent signals in obs show a pod that
 // fell behind since the last cycle (weights.Engine.Alarm).
 func (b *WeightBook) Alarm(key types.NamespacedName, obs weights.Observation) (pod, why string, ring bool) {
