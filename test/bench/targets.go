@@ -59,7 +59,7 @@ func worstMinute(a, b string) func(map[string]StrategyResult) float64 {
 }
 
 const (
-	whyWRRSlowdown = "under ROUND_ROBIN the slowed pod is sent 3x what it serves until a scrape shows its latency (the alarm between cycles then has it drained and the Service on LEAST_REQUEST 10-20 s after the change on 7 of 8 seeds, 30 s on seed 1): up to ~2000 queued before any data can show it; p99 holds on 7 of 8 seeds (1.02-1.11x), p99.9 7-23 s; only a queue-aware balancer (optimizer_lr) avoids the queue"
+	whyWRRSlowdown = "under ROUND_ROBIN the slowed pod is sent 3x what it serves until a scrape shows its latency (the alarm between cycles then has it drained and the Service on LEAST_REQUEST 10-20 s after the change, seeds 1-8): up to ~2000 queued before any data can show it; p99 holds on 7 of 8 seeds (1.02-1.11x), p99.9 7-23 s; only a queue-aware balancer (optimizer_lr) avoids the queue"
 	whyCPUOnly     = "without request metrics a backlog cannot be measured and a pod at its limit shows only a bound on its speed; without a limit that limit is read from the node's idle CPU, which is noisy: at 80-90% load the few backlogs that builds are drained late"
 )
 
