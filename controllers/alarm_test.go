@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"flag"
 	"strings"
 	"sync"
 	"testing"
@@ -158,6 +159,27 @@ func TestProbeIntervalFollowsTheSpec(t *testing.T) {
 				t.Errorf("probe interval %v, want %v (recent latency window %v)", s.ProbeInterval, tc.want, s.RecentLatencyWindow)
 			}
 		})
+	}
+}
+
+// --looks-between-cycles=false turns the looks off for every optimizer,
+// and the manager's flags set it.
+func TestLooksCanBeTurnedOff(t *testing.T) {
+	var d EngineDefaults
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	d.BindFlags(fs)
+	if !d.Looks {
+		t.Fatal("looks are off by default")
+	}
+	if err := fs.Parse([]string{"--looks-between-cycles=false"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := settingsFor(optimizerFor("ns", "web"), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ProbeInterval != 0 || s.RecentLatencyWindow == 0 {
+		t.Errorf("looks off: look interval %v (want 0), recent latency window %v (want the cycle's query kept)", s.ProbeInterval, s.RecentLatencyWindow)
 	}
 }
 

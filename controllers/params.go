@@ -20,6 +20,10 @@ type EngineDefaults struct {
 	RequestQuery string
 	LatencyQuery string
 	NodeCPUQuery string
+	// Looks: look at the recent latency between cycles where it helps
+	// (Settings.ProbeInterval); false turns the looks off for every
+	// optimizer, to spare the metrics backend.
+	Looks bool
 }
 
 // DefaultEngineDefaults are the defaults without flags.
@@ -31,6 +35,7 @@ func DefaultEngineDefaults() EngineDefaults {
 		RequestQuery: promsource.DefaultRequestQuery,
 		LatencyQuery: promsource.DefaultLatencyQuery,
 		NodeCPUQuery: promsource.DefaultNodeCPUQuery,
+		Looks:        true,
 	}
 }
 
@@ -53,6 +58,7 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&d.CPUQuery, "default-cpu-query", d.CPUQuery, "PromQL template of per-pod CPU cores (spec.optimization.cpu_query).")
 	fs.StringVar(&d.RequestQuery, "default-request-query", d.RequestQuery, `PromQL template of per-pod requests per second, "-" for CPU only (spec.optimization.request_query).`)
 	fs.StringVar(&d.LatencyQuery, "default-latency-query", d.LatencyQuery, `PromQL template of per-pod mean request duration in seconds, "-" for none (spec.optimization.latency_query).`)
+	fs.BoolVar(&d.Looks, "looks-between-cycles", d.Looks, "Under ROUND_ROBIN, query each optimizer's recent latency every third of a scrape interval between cycles and run a cycle at once when a pod falls behind; false spares the metrics backend those queries.")
 	fs.StringVar(&d.NodeCPUQuery, "default-node-cpu-query", d.NodeCPUQuery, `PromQL template of the CPU cores in use on each pod's node, for pods without a CPU limit, "-" for none (spec.optimization.node_cpu_query).`)
 }
 
@@ -67,7 +73,7 @@ func (d EngineDefaults) Validate() error {
 // settings are the defaults as the settings of one optimizer.
 func (d EngineDefaults) settings(dryRun, roundRobin bool) Settings {
 	s := Settings{Cycle: d.Cycle, Params: d.Params, CPUQuery: d.CPUQuery, RequestQuery: d.RequestQuery, LatencyQuery: d.LatencyQuery, NodeCPUQuery: d.NodeCPUQuery,
-		DryRun: dryRun, RoundRobin: roundRobin}
+		DryRun: dryRun, RoundRobin: roundRobin, Looks: d.Looks}
 	s.complete()
 	return s
 }
@@ -85,6 +91,9 @@ type Settings struct {
 	// which nothing steers around a queue between cycles (see
 	// ProbeInterval).
 	RoundRobin bool
+	// Looks: the manager allows looks between cycles
+	// (--looks-between-cycles).
+	Looks bool
 	// RecentCPUWindow and RecentLatencyWindow are the windows of the
 	// recent CPU and latency queries (the CPU and latency queries over two
 	// scrape intervals), 0 when they are not run; derived from the fields
@@ -92,7 +101,8 @@ type Settings struct {
 	RecentCPUWindow, RecentLatencyWindow time.Duration
 	// ProbeInterval is how often, between cycles, the recent latency query
 	// runs for weights.Engine.Alarm, 0 = never: a third of a scrape
-	// interval, so a new scrape is seen within a few seconds. Only under
+	// interval (at least minProbeInterval), so a new scrape is seen within
+	// a few seconds. Only when the manager allows looks, under
 	// ROUND_ROBIN, outside a dry run, and when the recent latency query
 	// runs. Derived by complete.
 	ProbeInterval time.Duration
@@ -114,7 +124,7 @@ func (s *Settings) complete() {
 	s.RecentCPUWindow = recentWindow(*s, s.CPUQuery)
 	s.RecentLatencyWindow = recentWindow(*s, s.LatencyQuery)
 	s.ProbeInterval = 0
-	if s.RoundRobin && !s.DryRun && s.RecentLatencyWindow > 0 {
+	if s.Looks && s.RoundRobin && !s.DryRun && s.RecentLatencyWindow > 0 {
 		s.ProbeInterval = max(s.Params.ScrapeInterval/probesPerScrape, minProbeInterval)
 	}
 }
