@@ -110,6 +110,20 @@ func learnedLoop(t *testing.T, clk *clocktesting.FakeClock) (*WeightLoop, *fleet
 	return loop, src, key, s
 }
 
+// runningLoop is learnedLoop with the loop started (stopped when the test
+// ends) and the channel on which its cycles wake the mirror.
+func runningLoop(t *testing.T) (*clocktesting.FakeClock, *WeightLoop, *fleetSource, types.NamespacedName, Settings, chan event.GenericEvent) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	loop, src, key, s := learnedLoop(t, clk)
+	wake := make(chan event.GenericEvent, 100)
+	loop.Wake = wake
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = loop.Start(ctx) }()
+	return clk, loop, src, key, s, wake
+}
+
 func withWeights(eps []desired.Endpoint, w map[string]uint32) []desired.Endpoint {
 	out := append([]desired.Endpoint(nil), eps...)
 	for i := range out {
@@ -214,13 +228,7 @@ func TestProbeRingsForAPodThatFellBehind(t *testing.T) {
 // Under the running worker, an alarm runs the cycle at once, long before
 // the cycle's timer.
 func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-	loop, src, key, s := learnedLoop(t, clk)
-	wake := make(chan event.GenericEvent, 100)
-	loop.Wake = wake
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = loop.Start(ctx) }()
+	clk, loop, src, key, s, wake := runningLoop(t)
 	opt := optimizerFor("ns", "web")
 	snap, ok := loop.Book.SnapshotToPersist(key)
 	if !ok {
@@ -332,13 +340,7 @@ func TestCycleQueriesTheRecentLatency(t *testing.T) {
 // Switching an optimizer to ROUND_ROBIN reaches its running worker at once:
 // the looks start without waiting for the next cycle.
 func TestLooksStartWhenTheSettingsAllowThem(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-	loop, src, _, s := learnedLoop(t, clk)
-	wake := make(chan event.GenericEvent, 100)
-	loop.Wake = wake
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = loop.Start(ctx) }()
+	clk, loop, src, _, s, wake := runningLoop(t)
 	opt := optimizerFor("ns", "web")
 	lr := s
 	lr.RoundRobin = false
