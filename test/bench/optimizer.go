@@ -104,10 +104,8 @@ func (o *optimizerCtl) observe(s *sim) weights.Observation {
 		req, lat, recentLat := math.NaN(), math.NaN(), math.NaN()
 		if !o.cpuOnly {
 			req, _ = s.promRate(h, seriesReqs)
-			if latSum, ok := s.promRate(h, seriesLatSum); ok && req > 0 {
-				lat = latSum / req
-			}
-			recentLat = s.recentLatency(h)
+			lat = s.promLatency(h, s.rateWindow)
+			recentLat = s.promLatency(h, 2*s.scrapeEvery)
 		}
 		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent, RecentLatency: recentLat}
 	}
@@ -130,7 +128,7 @@ func (o *optimizerCtl) probe(s *sim) bool {
 	for _, h := range s.hosts {
 		lat := math.NaN()
 		if !o.cpuOnly {
-			lat = s.recentLatency(h)
+			lat = s.promLatency(h, 2*s.scrapeEvery)
 		}
 		obs.Signals[s.pods[h].name] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: lat}
 	}
@@ -181,12 +179,12 @@ func (o *optimizerCtl) podsChanged(s *sim) {
 
 func (o *optimizerCtl) speedChanged(*sim, int32) {}
 
-// recentLatency is the operator's latency query over the last two scrape
-// intervals: rate of the histogram's _sum over rate of its _count; NaN
-// without data.
-func (s *sim) recentLatency(h int32) float64 {
-	req, ok1 := s.promRateOver(h, seriesReqs, 2*s.scrapeEvery)
-	sum, ok2 := s.promRateOver(h, seriesLatSum, 2*s.scrapeEvery)
+// promLatency is the operator's latency query over window (the rate
+// window in a cycle, two scrape intervals for the recent latency): rate of
+// the histogram's _sum over rate of its _count; NaN without data.
+func (s *sim) promLatency(h int32, window float64) float64 {
+	req, ok1 := s.promRateOver(h, seriesReqs, window)
+	sum, ok2 := s.promRateOver(h, seriesLatSum, window)
 	if !ok1 || !ok2 || !(req > 0) {
 		return math.NaN()
 	}
