@@ -312,7 +312,7 @@ func TestCycleQueriesTheRecentLatency(t *testing.T) {
 	loop, src, key, s := learnedLoop(t, clk)
 	src.setRecent("web-1", 0.03)
 	obs, avail, ok := loop.observe(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, []string{"web-0", "web-1"}, clk.Now())
-	if !ok || !avail.RecentLatency || avail.RecentLatencyDisabled {
+	if !ok || !avail.RecentLatency || s.RecentLatencyWindow == 0 {
 		t.Fatalf("observe: ok %v, signals %+v; want the recent latency", ok, avail)
 	}
 	if a, b := obs.Signals["web-0"], obs.Signals["web-1"]; a.RecentLatency != 0.02 || b.RecentLatency != 0.03 || b.Latency != 0.02 {
