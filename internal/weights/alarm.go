@@ -30,12 +30,12 @@ import (
 // without; see docs/benchmarks.md).
 
 // alarmLatency: a pod's latency over the last two scrape intervals at this
-// multiple of its latency over the last cycle's window, and beyond
-// recentSigmas of how the two usually differ for that pod, rings the
-// alarm. A pod that cannot keep up adds to its queue with every request,
-// so its latency grows without bound within seconds; at 90% load a busy
-// pod's latency over 30 s is still up to 3x its mean now and then, which
-// costs an early cycle that changes nothing (bench: about 8 in 20 minutes
+// multiple of the latency the last cycle knew of (see noteLatency), and
+// beyond recentSigmas of how the two usually differ for that pod, rings
+// the alarm. A pod that cannot keep up adds to its queue with every
+// request, so its latency grows without bound within seconds; at 90% load
+// a busy pod's latency over 30 s is still up to 3x its mean now and then,
+// which costs an early cycle that changes nothing (bench: 3 in 20 minutes
 // on hetero3-90, none on hetero3-60).
 const alarmLatency = 2
 
