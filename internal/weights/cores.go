@@ -37,10 +37,14 @@ const (
 	minWaitRatio = 0.02
 	// coresGain is the weight of a new cores observation once a few are in.
 	coresGain = 0.25
-	// ceilingGain is the weight of a new ceiling observation (see
-	// smoothCeilings): half, since a pod's ceiling moves with its
-	// neighbours, and the node's idle CPU of one window is noisy.
-	ceilingGain = 0.5
+	// ceilingGain is the least weight of a new ceiling observation (see
+	// foldCeiling): the ceilings are averaged plainly over the first
+	// cycles and then with this gain (about the last ten cycles), since
+	// the node's idle CPU of one window is noisy (its neighbours' use
+	// varies from scrape to scrape) and the weights of pods near their
+	// limit follow every error of it. A neighbour that comes or goes is a
+	// jump, which restarts the average.
+	ceilingGain = 0.1
 	// steadyShare: a window in which the pod's traffic share moved by more
 	// than this ratio does not measure its cores.
 	steadyShare = 1.1
@@ -78,7 +82,7 @@ func ceilings(set []Pod, pods []podSignal) {
 		}
 		nd := nodes[key(i)]
 		if nd == nil {
-			nd = &node{}
+			nd = &node{idle: math.Inf(-1)}
 			nodes[key(i)] = nd
 		}
 		// The node's figures come with each of its pods; they are one
@@ -101,13 +105,14 @@ func ceilings(set []Pod, pods []podSignal) {
 			share = ps.cpu / nd.busy
 		}
 		ps.limit = ps.cpu + max(0, nd.idle)*share
+		ps.nodeCeiling = max(ps.cpu+nd.idle*share, ps.cpu/2)
 	}
 }
 
 // smoothCeilings averages each pod's ceiling (its own CPU plus its share
-// of its node's idle CPU) over cycles, since the node's other tenants come
-// and go and its idle CPU is read from another series than the pod's, and
-// makes the average the pod's limit this cycle. A pod whose node CPU is
+// of its node's idle CPU, podSignal.nodeCeiling) over cycles, since the
+// node's other tenants' use varies and its idle CPU is read from another
+// series than the pod's, and makes the average the pod's limit this cycle. A pod whose node CPU is
 // missing this cycle (a failed scrape, a restarted exporter) keeps its
 // average for up to Expiry, as weights do when the query fails: a gap in
 // one series is no news about the pod, and without it a pod would turn
@@ -120,18 +125,18 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 		}
 		st := e.pods[pod.Name]
 		if st != nil && (st.ceilingNode != pod.Node || now.Sub(st.ceilingAt) > e.params.Expiry) {
-			st.ceiling = 0 // another node's, or too old to speak for it
+			st.ceiling, st.ceilingN, st.ceilingRatios = 0, 0, nil // another node's, or too old to speak for it
 		}
 		window := math.Inf(1) // no ceiling this window: the average stands
 		if ps.limit > 0 {
 			window = ps.limit
 			st = e.state(pod.Name)
 			st.ceilingAt, st.ceilingNode = now, pod.Node
-			if st.ceiling <= 0 {
-				st.ceiling = window
-			} else {
-				st.ceiling = math.Exp((1-ceilingGain)*math.Log(st.ceiling) + ceilingGain*math.Log(window))
+			seen := ps.nodeCeiling
+			if !(seen > 0) {
+				seen = window
 			}
+			st.foldCeiling(seen)
 		}
 		if st == nil || st.ceiling <= 0 {
 			continue
@@ -151,6 +156,26 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 		// above its use. It used what it used, whatever either says.
 		ps.limit = max(min(st.ceiling, window), ps.cpu)
 	}
+}
+
+// foldCeiling averages a ceiling observation into the pod's ceiling: a
+// plain average of the observations so far, down to ceilingGain. One
+// farther from the average than surpriseSigmas of the pod's usual
+// distance (recentNoise of its last ceilingRatios) is a real change, a
+// neighbour that came or went, and the average restarts from it.
+func (st *podState) foldCeiling(seen float64) {
+	if st.ceiling <= 0 {
+		st.ceiling, st.ceilingN = seen, 1
+		return
+	}
+	r := math.Log(seen / st.ceiling)
+	if math.Abs(r) > surpriseSigmas*recentNoise(st.ceilingRatios) {
+		st.ceiling, st.ceilingN = seen, 1
+	} else {
+		st.ceiling *= math.Exp(max(ceilingGain, 1/float64(st.ceilingN+1)) * r)
+		st.ceilingN = min(st.ceilingN+1, maxMeasurements)
+	}
+	st.ceilingRatios = noteRatio(st.ceilingRatios, r)
 }
 
 // markBlind marks the pods the engine cannot learn from with CPU alone

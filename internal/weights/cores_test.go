@@ -371,6 +371,58 @@ func TestSaturationAgainstNoisyCeilings(t *testing.T) {
 	}
 }
 
+// A pod's ceiling is averaged over the cycles, since one window of its
+// node's idle CPU is noisy: with the neighbours' use 5% either way of
+// their mean, the average settles within 1% of the pod's 2 cores (an
+// average over the last two windows would swing by almost 2%). When a
+// neighbour leaves and the pod's share of the node jumps to 3 cores, the
+// average restarts at once instead of taking ten cycles to follow.
+func TestCeilingAverageFiltersNoiseAndFollowsANeighbour(t *testing.T) {
+	set := []Pod{{Name: "p", NodeCores: 8, Node: "n"}}
+	e := New(DefaultParams())
+	now := time.Unix(0, 0)
+	window := func(k int, ceiling float64) {
+		noise := 0.05 * ceiling * float64(1-2*(k%2))
+		sig := readSignals(set, map[string]Signal{"p": {CPU: 1.2, NodeCPU: 8 - ceiling + 1.2 - noise, Requests: math.NaN()}})
+		e.smoothCeilings(now, set, sig)
+	}
+	for k := range 20 {
+		window(k, 2)
+		if got := e.pods["p"].ceiling; k >= 10 && math.Abs(got/2-1) > 0.01 {
+			t.Errorf("cycle %d: ceiling %.4f, want within 1%% of 2 cores", k, got)
+		}
+	}
+	window(20, 3)
+	if got := e.pods["p"].ceiling; math.Abs(got/3.15-1) > 1e-9 {
+		t.Errorf("the first window after a neighbour left: ceiling %.4f, want that window's 3.15", got)
+	}
+}
+
+// A saturated pod's node shows idle CPU that is noise around zero. Its
+// negative half is averaged too: clamped at the pod's own CPU, the
+// windows (2 and 2.2 here) would hold the average 5% above the pod's 2
+// cores, and with CPU alone a window whose node showed 0.2 idle would not
+// find the pod saturated. Averaged whole, they put the ceiling at its
+// cores, and it is.
+func TestSaturatedPodsCeilingIsItsCores(t *testing.T) {
+	set := []Pod{{Name: "p", NodeCores: 4, Node: "n"}}
+	e := New(DefaultParams())
+	var sig signals
+	for k := range 12 {
+		nodeCPU := 4 - 0.2*float64(1-2*(k%2)) // 0.2 idle, then 0.2 over allocatable
+		sig = readSignals(set, map[string]Signal{"p": {CPU: 2, NodeCPU: nodeCPU, Requests: math.NaN()}})
+		e.smoothCeilings(time.Unix(0, 0), set, sig)
+	}
+	if got := e.pods["p"].ceiling; math.Abs(got/2-1) > 0.015 {
+		t.Errorf("ceiling %.4f, want within 1.5%% of the pod's 2 cores", got)
+	}
+	sig = readSignals(set, map[string]Signal{"p": {CPU: 2, NodeCPU: 3.8, Requests: math.NaN()}})
+	e.smoothCeilings(time.Unix(0, 0), set, sig)
+	if !sig.pods[0].saturated() {
+		t.Errorf("CPU alone, CPU 2 at its 2 cores, 0.2 idle on its node this window: limit %.4f, not saturated", sig.pods[0].limit)
+	}
+}
+
 // The recent CPU is a sign of saturation only when it stands out from the
 // pod's usual difference between the two rates: a pod whose recent CPU
 // always wanders by 15% (few, long requests) is not alarmed when it

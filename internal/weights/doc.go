@@ -46,8 +46,14 @@
 // capacity is its speed per core times those cores. The node's CPU in use
 // (Signal.NodeCPU, cAdvisor's root cgroup) shows that ceiling: the pod's
 // own CPU plus what its node (Pod.NodeCores) left idle, shared by the
-// set's pods on that node (Pod.Node) in proportion to their use, averaged
-// over cycles (ceilingGain) since neighbours come and go. With CPU alone
+// set's pods on that node (Pod.Node) in proportion to their use. One
+// window's idle CPU is noisy (the neighbours' use varies), so the ceiling
+// is averaged over cycles: plainly at first, then over about the last ten
+// (ceilingGain), restarting when a window jumps beyond the pod's usual
+// noise (a neighbour came or went). A saturated pod's node shows idle CPU
+// that is noise around zero, negative half included, so its negative
+// values are averaged too: clamped at zero they would hold the average
+// above the pod's cores, and hide the saturation. With CPU alone
 // the ceiling stands in for a limit: it is the pod's cores, and a pod at
 // it is saturated. With request rates it is the cores only until the
 // latency measures them (below), and saturation is not judged by it: the

@@ -100,11 +100,15 @@ type podState struct {
 	cores         float64
 	coresMeasured int
 	// ceiling averages the CPU the pod could have used (its own plus its
-	// share of its node's idle CPU) over cycles, 0 when unknown; ceilingAt
-	// is the last cycle that observed it.
-	ceiling     float64
-	ceilingAt   time.Time
-	ceilingNode string // the Pod.Node the ceiling was observed on
+	// share of its node's idle CPU) over cycles, 0 when unknown; ceilingN
+	// counts the observations in it, ceilingRatios are their last
+	// distances from it (log scale, see foldCeiling), and ceilingAt is the
+	// last cycle that observed it.
+	ceiling       float64
+	ceilingN      int
+	ceilingRatios []float64
+	ceilingAt     time.Time
+	ceilingNode   string // the Pod.Node the ceiling was observed on
 	// blind: at the last cycle with data the engine ran on CPU alone and
 	// nothing showed the pod's cores (see markBlind).
 	blind bool

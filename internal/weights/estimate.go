@@ -15,6 +15,13 @@ type podSignal struct {
 	// limit, else (see ceilings) its own CPU plus its share of what its
 	// node left idle; 0 when unknown.
 	limit float64
+	// nodeCeiling is what this window's node CPU says the pod could use:
+	// its own CPU plus its share of its node's idle CPU, negative idle
+	// included (down to half its own CPU), 0 when unknown. A saturated
+	// pod's node shows idle CPU that is noise around zero: limit clamps
+	// that at the pod's own CPU, which is right for one window, but an
+	// average of only its positive half would sit above the pod's cores.
+	nodeCeiling float64
 	// nodeCPU is the CPU in use on its node (Signal.NodeCPU), 0 if unknown.
 	nodeCPU float64
 	// recentCPU is its CPU over the end of the window (Signal.RecentCPU),

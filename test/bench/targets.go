@@ -60,7 +60,7 @@ func worstMinute(a, b string) func(map[string]StrategyResult) float64 {
 
 const (
 	whyWRRSlowdown = "under ROUND_ROBIN the slowed pod is sent 3x what it serves until a scrape shows its latency (the alarm between cycles then has it drained and the Service on LEAST_REQUEST 10-20 s after the change, seeds 1-8): up to ~2000 queued before any data can show it; p99 holds on 7 of 8 seeds (1.02-1.11x), p99.9 7-23 s; only a queue-aware balancer (optimizer_lr) avoids the queue"
-	whyCPUOnly     = "without request metrics a backlog cannot be measured and a pod at its limit shows only a bound on its speed; without a limit that limit is read from the node's idle CPU, which is noisy: at 80-90% load the few backlogs that builds are drained late"
+	whyCPUOnly     = "without request metrics a backlog cannot be measured and a pod at its limit shows only a bound on its speed; without a limit that limit is read from the node's idle CPU, which is noisy: at 90% load a weight a few percent over a pod's capacity (inside the dead band) is a backlog, drained only once its CPU shows it (0.89-1.02x on seeds 1-8, 7 hold)"
 )
 
 // Targets are issue 4's and issue 10's goals.
@@ -105,7 +105,7 @@ var Targets = []Target{
 	{Name: "nolimits-mix1248: optimizer p99 ≤ 1.1x wrr_oracle", Scenario: "nolimits-mix1248.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x"},
 	{Name: "nolimits-mix1248: optimizer_cpu p99 ≤ 1.1x wrr_oracle", Scenario: "nolimits-mix1248.yaml",
-		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.1, Unit: "x", Miss: whyCPUOnly},
+		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.1, Unit: "x"},
 	{Name: "hetero3-80-nolimits: optimizer p99 ≤ 1.0x wrr_oracle", Scenario: "hetero3-80-nolimits.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.0, Unit: "x"},
 	{Name: "hetero3-90-nolimits: optimizer p99 ≤ 1.0x wrr_oracle", Scenario: "hetero3-90-nolimits.yaml",
