@@ -90,8 +90,8 @@ constant $w/cores.go minWaitRatio 0.02 0.01
 constant $w/cores.go minWaitRatio 0.02 0.04
 constant $w/cores.go coresGain 0.25 0.125
 constant $w/cores.go coresGain 0.25 0.5
-constant $w/cores.go ceilingGain 0.5 0.25
-constant $w/cores.go ceilingGain 0.5 1.0
+constant $w/cores.go ceilingGain 0.1 0.05
+constant $w/cores.go ceilingGain 0.1 0.2
 constant $w/estimate.go recentSigmas 2.5 1.25
 constant $w/estimate.go recentSigmas 2.5 5
 constant $w/drain.go hotDrain 0.8 0.4
