@@ -42,8 +42,8 @@ const (
 	// cycles and then with this gain (about the last ten cycles), since
 	// the node's idle CPU of one window is noisy (its neighbours' use
 	// varies from scrape to scrape) and the weights of pods near their
-	// limit follow every error of it. A neighbour that comes or goes is a
-	// jump, which restarts the average.
+	// limit follow every error of it. A jump beyond the pod's usual noise
+	// (a neighbour that came or went) restarts the average.
 	ceilingGain = 0.1
 	// steadyShare: a window in which the pod's traffic share moved by more
 	// than this ratio does not measure its cores.
@@ -64,6 +64,7 @@ func ceilings(set []Pod, pods []podSignal) {
 		n          int
 	}
 	nodes := map[string]*node{}
+	counted := make([]bool, len(set)) // in its node's sums
 	key := func(i int) string {
 		if set[i].Node == "" {
 			return "\x00" + set[i].Name // a pod of an unknown node is alone on it
@@ -90,16 +91,14 @@ func ceilings(set []Pod, pods []podSignal) {
 		nd.idle = max(nd.idle, hi-ps.nodeCPU)
 		nd.busy += ps.cpu
 		nd.n++
+		counted[i] = true
 	}
-	for i, pod := range set {
+	for i := range set {
 		ps := &pods[i]
-		if knownCores(pod) {
-			continue
+		if !counted[i] {
+			continue // a limit, or no data to share its node's idle CPU by
 		}
 		nd := nodes[key(i)]
-		if nd == nil {
-			continue
-		}
 		share := 1 / float64(nd.n)
 		if nd.busy > 0 {
 			share = ps.cpu / nd.busy
@@ -112,7 +111,10 @@ func ceilings(set []Pod, pods []podSignal) {
 // smoothCeilings averages each pod's ceiling (its own CPU plus its share
 // of its node's idle CPU, podSignal.nodeCeiling) over cycles, since the
 // node's other tenants' use varies and its idle CPU is read from another
-// series than the pod's, and makes the average the pod's limit this cycle. A pod whose node CPU is
+// series than the pod's. With CPU alone the pod's limit this cycle is the
+// lower of the average and this window's ceiling (but no less than its
+// use); with request rates the pod has none (the average bounds its
+// cores, see coresOf). A pod whose node CPU is
 // missing this cycle (a failed scrape, a restarted exporter) keeps its
 // average for up to Expiry, as weights do when the query fails: a gap in
 // one series is no news about the pod, and without it a pod would turn
@@ -125,18 +127,17 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 		}
 		st := e.pods[pod.Name]
 		if st != nil && (st.ceilingNode != pod.Node || now.Sub(st.ceilingAt) > e.params.Expiry) {
-			st.ceiling, st.ceilingN, st.ceilingRatios = 0, 0, nil // another node's, or too old to speak for it
+			// Another node's, or too old to speak for it.
+			st.ceiling, st.ceilingN, st.ceilingRatios = 0, 0, nil
 		}
-		window := math.Inf(1) // no ceiling this window: the average stands
-		if ps.limit > 0 {
+		// No ceiling this window: the average stands. (nodeCeiling is
+		// positive with limit, but for a denormal CPU.)
+		window := math.Inf(1)
+		if ps.limit > 0 && ps.nodeCeiling > 0 {
 			window = ps.limit
 			st = e.state(pod.Name)
 			st.ceilingAt, st.ceilingNode = now, pod.Node
-			seen := ps.nodeCeiling
-			if !(seen > 0) {
-				seen = window
-			}
-			st.foldCeiling(seen)
+			st.foldCeiling(ps.nodeCeiling)
 		}
 		if st == nil || st.ceiling <= 0 {
 			continue
@@ -162,7 +163,15 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 // plain average of the observations so far, down to ceilingGain. One
 // farther from the average than surpriseSigmas of the pod's usual
 // distance (recentNoise of its last ceilingRatios) is a real change, a
-// neighbour that came or went, and the average restarts from it.
+// neighbour that came or went, and the average restarts from it. A
+// drift is followed at ceilingGain a cycle: an average that lags a rising
+// ceiling holds a pod near it below its use, saturated by the lag alone
+// (with CPU alone it is then drained by a fifth and LEAST_REQUEST kept
+// until the average catches up). A CUSUM on the distances, as fold has,
+// was tried: the distances grow with the lag, so the drift never stood
+// out of them, and measuring the noise on the steps between windows
+// instead (which overlap, as the query window is longer than the cycle)
+// restarted the average on noise and cost the nolimits files up to 6%.
 func (st *podState) foldCeiling(seen float64) {
 	if st.ceiling <= 0 {
 		st.ceiling, st.ceilingN = seen, 1

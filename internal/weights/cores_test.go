@@ -278,20 +278,33 @@ func TestCeilingsFromNodeIdleCPU(t *testing.T) {
 		{Name: "limited", Cores: 2, NodeCores: 16, Node: "n3"},
 		{Name: "no-node-data", NodeCores: 8, Node: "n4"},
 		{Name: "no-node-name", NodeCores: 4},
+		{Name: "overbooked", NodeCores: 4, Node: "n5"},
+		{Name: "big", NodeCores: 16, Node: "n6"},
+		{Name: "no-allocatable", Node: "n6"}, // beside big, but nothing to share by
 	}
 	obs := map[string]Signal{
-		"alone":        {CPU: 1, NodeCPU: 5},     // 3 idle
-		"pair-a":       {CPU: 3, NodeCPU: 12},    // 4 idle, a uses 3 of the pair's 4
-		"pair-b":       {CPU: 1, NodeCPU: 12},    // and b 1 of 4
-		"limited":      {CPU: 1, NodeCPU: 2},     // its limit
-		"no-node-data": {CPU: 1, NodeCPU: 0},     // unknown
-		"no-node-name": {CPU: 1.5, NodeCPU: 4.5}, // node busier than allocatable: none idle
+		"alone":          {CPU: 1, NodeCPU: 5},     // 3 idle
+		"pair-a":         {CPU: 3, NodeCPU: 12},    // 4 idle, a uses 3 of the pair's 4
+		"pair-b":         {CPU: 1, NodeCPU: 12},    // and b 1 of 4
+		"limited":        {CPU: 1, NodeCPU: 2},     // its limit
+		"no-node-data":   {CPU: 1, NodeCPU: 0},     // unknown
+		"no-node-name":   {CPU: 1.5, NodeCPU: 4.5}, // node busier than allocatable: none idle
+		"overbooked":     {CPU: 1, NodeCPU: 6},     // far busier
+		"big":            {CPU: 0.1, NodeCPU: 8},
+		"no-allocatable": {CPU: 4, NodeCPU: 8},
 	}
 	sig := readSignals(canonicalPods(set), obs)
-	want := map[string]float64{"alone": 4, "pair-a": 6, "pair-b": 2, "limited": 2, "no-node-data": 0, "no-node-name": 1.5}
+	want := map[string]float64{"alone": 4, "pair-a": 6, "pair-b": 2, "limited": 2, "no-node-data": 0, "no-node-name": 1.5,
+		"overbooked": 1, "big": 8.1, "no-allocatable": 0}
+	// What the average takes: the idle CPU signed (0.5 under allocatable
+	// for no-node-name), down to half the pod's own CPU (overbooked).
+	wantSeen := map[string]float64{"alone": 4, "pair-a": 6, "pair-b": 2, "no-node-name": 1, "overbooked": 0.5, "big": 8.1}
 	for i, pod := range canonicalPods(set) {
 		if got := sig.pods[i].limit; math.Abs(got-want[pod.Name]) > 1e-9 {
 			t.Errorf("%s: limit %v, want %v", pod.Name, got, want[pod.Name])
+		}
+		if got := sig.pods[i].nodeCeiling; math.Abs(got-wantSeen[pod.Name]) > 1e-9 {
+			t.Errorf("%s: node ceiling %v, want %v", pod.Name, got, wantSeen[pod.Name])
 		}
 	}
 	if !sig.pods[slices.IndexFunc(canonicalPods(set), func(p Pod) bool { return p.Name == "no-node-name" })].saturated() {
@@ -395,6 +408,13 @@ func TestCeilingAverageFiltersNoiseAndFollowsANeighbour(t *testing.T) {
 	window(20, 3)
 	if got := e.pods["p"].ceiling; math.Abs(got/3.15-1) > 1e-9 {
 		t.Errorf("the first window after a neighbour left: ceiling %.4f, want that window's 3.15", got)
+	}
+	for k := 21; k < 40; k++ {
+		window(k, 3)
+	}
+	window(40, 2)
+	if got := e.pods["p"].ceiling; math.Abs(got/2.1-1) > 1e-9 {
+		t.Errorf("the first window after a neighbour came back: ceiling %.4f, want that window's 2.1", got)
 	}
 }
 

@@ -49,8 +49,9 @@
 // set's pods on that node (Pod.Node) in proportion to their use. One
 // window's idle CPU is noisy (the neighbours' use varies), so the ceiling
 // is averaged over cycles: plainly at first, then over about the last ten
-// (ceilingGain), restarting when a window jumps beyond the pod's usual
-// noise (a neighbour came or went). A saturated pod's node shows idle CPU
+// (ceilingGain), restarting when a window jumps beyond surpriseSigmas of
+// the pod's usual noise (a neighbour came or went); a steady drift is
+// followed at ceilingGain a cycle. A saturated pod's node shows idle CPU
 // that is noise around zero, negative half included, so its negative
 // values are averaged too: clamped at zero they would hold the average
 // above the pod's cores, and hide the saturation. With CPU alone
