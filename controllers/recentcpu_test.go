@@ -125,7 +125,7 @@ func TestRecentCPUIsTheCPUQueryOverTwoScrapeIntervals(t *testing.T) {
 		t.Errorf("signals %+v, want web-0 recent 0.99 over 0.6 and web-1 0.5 both", obs.Signals)
 	}
 	out := book.Outcome(key)
-	if out == nil || !out.Signals.RecentCPU || out.Signals.RecentCPUDisabled {
+	if out == nil || !out.Signals.RecentCPU || s.RecentCPUWindow == 0 {
 		t.Fatalf("outcome signals %+v, want recent CPU available", out)
 	}
 	if got := testutil.ToFloat64(m.SignalAvailable.WithLabelValues("ns", "web", "recent_cpu")); got != 1 {
@@ -178,8 +178,8 @@ func TestRecentCPUSkipped(t *testing.T) {
 					t.Errorf("%s: recent CPU %v, want NaN (unknown)", pod, sig.RecentCPU)
 				}
 			}
-			if out := book.Outcome(key); out == nil || out.Signals.RecentCPU || !out.Signals.RecentCPUDisabled {
-				t.Errorf("outcome signals %+v, want recent CPU not run", out)
+			if out := book.Outcome(key); out == nil || out.Signals.RecentCPU {
+				t.Errorf("outcome signals %+v, want no recent CPU", out)
 			}
 			if got := testutil.ToFloat64(m.SignalAvailable.WithLabelValues("ns", "web", "recent_cpu")); got != 0 {
 				t.Errorf(`optimizer_signal_available{signal="recent_cpu"} = %v, want 0`, got)

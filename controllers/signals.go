@@ -31,9 +31,6 @@ type Signals struct {
 	RecentLatency bool
 	// RequestsDisabled, LatencyDisabled and NodeCPUDisabled: the query is "-".
 	RequestsDisabled, LatencyDisabled, NodeCPUDisabled bool
-	// RecentCPUDisabled: the recent CPU query was not run (see
-	// recentWindow).
-	RecentCPUDisabled bool
 	// NoLimitPods counts the pods of the cycle without a CPU limit, whose
 	// cores only the node CPU or, with request rates, the sidecars'
 	// latency can show.
@@ -42,16 +39,15 @@ type Signals struct {
 
 func signalsOf(s Settings, cpu bool, a answers) Signals {
 	return Signals{
-		CPU:               cpu,
-		Requests:          len(a.requests.Values) > 0,
-		Latency:           len(a.latency.Values) > 0,
-		NodeCPU:           len(a.nodeCPU.Values) > 0,
-		RecentCPU:         len(a.recentCPU.Values) > 0,
-		RecentLatency:     len(a.recentLatency.Values) > 0,
-		RequestsDisabled:  s.RequestQuery == "",
-		LatencyDisabled:   s.LatencyQuery == "",
-		NodeCPUDisabled:   s.NodeCPUQuery == "",
-		RecentCPUDisabled: s.RecentCPUWindow == 0, // not run: see recentWindow
+		CPU:              cpu,
+		Requests:         len(a.requests.Values) > 0,
+		Latency:          len(a.latency.Values) > 0,
+		NodeCPU:          len(a.nodeCPU.Values) > 0,
+		RecentCPU:        len(a.recentCPU.Values) > 0,
+		RecentLatency:    len(a.recentLatency.Values) > 0,
+		RequestsDisabled: s.RequestQuery == "",
+		LatencyDisabled:  s.LatencyQuery == "",
+		NodeCPUDisabled:  s.NodeCPUQuery == "",
 	}
 }
 
