@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"flag"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,7 @@ type fleetSource struct {
 	mu        sync.Mutex
 	recent    map[string]float64
 	latencies []string
+	recentAt  []time.Time // when each recent latency query was run
 	// failRecent, when set, is the answer to the recent latency query.
 	failRecent error
 }
@@ -46,12 +48,15 @@ func (f *fleetSource) setRecent(pod string, v float64) {
 	f.recent[pod] = v
 }
 
-func (f *fleetSource) Query(_ context.Context, tmpl string, t promsource.Target, _ time.Time) (promsource.Result, error) {
+func (f *fleetSource) Query(_ context.Context, tmpl string, t promsource.Target, at time.Time) (promsource.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	q, err := promsource.Render(tmpl, t)
 	if err != nil {
 		return promsource.Result{Query: tmpl}, err
+	}
+	if tmpl == f.s.LatencyQuery && t.Window < f.s.Params.QueryWindow {
+		f.recentAt = append(f.recentAt, at)
 	}
 	if tmpl == f.s.LatencyQuery && t.Window < f.s.Params.QueryWindow && f.failRecent != nil {
 		f.latencies = append(f.latencies, q)
@@ -259,6 +264,56 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	// changed, so there is nothing new to write there.
 	if now, changed := loop.Book.SnapshotToPersist(key); changed {
 		t.Errorf("the early cycle changed the learned state to persist: %+v, was %+v", now, snap)
+	}
+}
+
+// Between two cycles the worker looks every look interval, and no look
+// starts within one interval of the cycle: with 33 s to wait and 5 s
+// looks, at 5, 10, 15, 20 and 25 s, not at 30 s, where an alarm would run a
+// cycle 3 s before the regular one.
+func TestLooksKeepClearOfTheCycle(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	loop, src, key, s := learnedLoop(t, clk)
+	if s.ProbeInterval != 5*time.Second {
+		t.Fatalf("look interval %v, want 5s (a 15s scrape interval)", s.ProbeInterval)
+	}
+	w := &worker{settings: s, target: target{"ns", "web"}, update: make(chan struct{}, 1)}
+	src.mu.Lock()
+	src.recentAt = nil // the cycles that learned
+	src.mu.Unlock()
+	start := clk.Now()
+	dueAt := start.Add(33 * time.Second)
+	done := make(chan awaited, 1)
+	go func() { done <- loop.await(context.Background(), logr.Discard(), key, w, dueAt) }()
+	for {
+		waitFor(t, func() bool {
+			select {
+			case r := <-done:
+				done <- r
+				return true
+			default:
+				return clk.HasWaiters()
+			}
+		})
+		select {
+		case r := <-done:
+			if r != due {
+				t.Fatalf("await returned %v, want due", r)
+			}
+			var looks []time.Duration
+			src.mu.Lock()
+			for _, at := range src.recentAt {
+				looks = append(looks, at.Sub(start))
+			}
+			src.mu.Unlock()
+			want := []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 20 * time.Second, 25 * time.Second}
+			if !slices.Equal(looks, want) {
+				t.Errorf("looks at %v after the last cycle, want %v (the cycle is due at 33s)", looks, want)
+			}
+			return
+		default:
+		}
+		clk.Step(time.Second)
 	}
 }
 

@@ -180,7 +180,8 @@ func (l *WeightLoop) await(ctx context.Context, logger logr.Logger, key types.Na
 		if wait <= 0 {
 			return due
 		}
-		look := s.ProbeInterval > 0 && s.ProbeInterval < wait
+		// A look leaves at least one interval before the cycle.
+		look := s.ProbeInterval > 0 && 2*s.ProbeInterval <= wait
 		if look {
 			wait = s.ProbeInterval
 		}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,13 +25,24 @@ import (
 	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
 
+// queryCounts counts the queries a backend answered: all of them, and the
+// latency queries over two scrape intervals (the recent latency, which
+// each cycle runs once and the looks between cycles run alone).
+type queryCounts struct{ all, recentLatency atomic.Int64 }
+
 // cpuBackend answers every query with 0.5 cores for each pod it names,
-// whatever the template, like a Prometheus with every pod scraped.
-func cpuBackend() http.HandlerFunc {
+// whatever the template, like a Prometheus with every pod scraped, and
+// counts them in n.
+func cpuBackend(n *queryCounts) http.HandlerFunc {
 	pods := regexp.MustCompile(`pod=~"([^"]*)"`)
 	return func(w http.ResponseWriter, r *http.Request) {
 		_ = r.ParseForm()
-		m := pods.FindStringSubmatch(r.Form.Get("query"))
+		q := r.Form.Get("query")
+		n.all.Add(1)
+		if strings.Contains(q, "istio_request_duration_milliseconds_sum") && strings.Contains(q, "[30s]") {
+			n.recentLatency.Add(1)
+		}
+		m := pods.FindStringSubmatch(q)
 		var items []string
 		if m != nil {
 			for _, p := range strings.Split(m[1], "|") {
@@ -108,7 +120,8 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	t.Logf("created %d optimizers x %d pods in %v", optimizers, pods, time.Since(start).Round(time.Second))
 
 	bin := harness.BuildBinary(t, "./cmd")
-	backend := httptest.NewServer(cpuBackend())
+	var queries queryCounts
+	backend := httptest.NewServer(cpuBackend(&queries))
 	defer backend.Close()
 	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
 	// The default 30s cycle: 200 optimizers wake the mirror about 7 times
@@ -193,7 +206,27 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("weight cycles: %v", err)
 	}
+	// The query load once the weights are learned: every cycle's
+	// queries, and the looks between cycles (recent latency queries beyond
+	// one a cycle; every Service here fits one query).
+	time.Sleep(time.Minute)
+	before, at := scrape(t, metricsAddr), time.Now()
+	all, recent := queries.all.Load(), queries.recentLatency.Load()
+	time.Sleep(2 * time.Minute)
+	alive()
 	text := scrape(t, metricsAddr)
+	secs := time.Since(at).Seconds()
+	cycles := sumMetric(text, "optimizer_cycles_total") - sumMetric(before, "optimizer_cycles_total")
+	looks := float64(queries.recentLatency.Load()-recent) - cycles
+	var modes []string
+	for _, mode := range []string{"Optimizing", "Steady", "LowLoad", "Holding", "Fallback", "NoData"} {
+		if n := sumMetricWith(text, "optimizer_mode", `mode="`+mode+`"`); n > 0 {
+			modes = append(modes, fmt.Sprintf("%s %v", mode, n))
+		}
+	}
+	t.Logf("%d optimizers, over %.0f s after their first cycles: %.1f queries/s in all, %.2f cycles/s, %.1f looks/s (%.2f a cycle), %v alarms; modes: %s",
+		optimizers, secs, float64(queries.all.Load()-all)/secs, cycles/secs, looks/secs, looks/max(cycles, 1),
+		sumMetric(text, "optimizer_alarms_total"), strings.Join(modes, ", "))
 	if profileDir != "" {
 		saveHeapProfile(t, pprofAddr, filepath.Join(profileDir, "heap.pprof"))
 	}
@@ -264,10 +297,14 @@ func scrape(t *testing.T, addr string) string {
 }
 
 // sumMetric adds every sample of a metric in a text exposition.
-func sumMetric(text, name string) float64 {
+func sumMetric(text, name string) float64 { return sumMetricWith(text, name, "") }
+
+// sumMetricWith adds the samples of a metric whose line contains label
+// (a label pair such as mode="Steady"; "" for all).
+func sumMetricWith(text, name, label string) float64 {
 	total := 0.0
 	for _, line := range strings.Split(text, "\n") {
-		if !strings.HasPrefix(line, name) || len(line) <= len(name) || (line[len(name)] != ' ' && line[len(name)] != '{') {
+		if !strings.HasPrefix(line, name) || len(line) <= len(name) || (line[len(name)] != ' ' && line[len(name)] != '{') || !strings.Contains(line, label) {
 			continue
 		}
 		f := strings.Fields(line)
