@@ -28,7 +28,84 @@ import (
 // queryCounts counts the queries a backend answered: all of them, and the
 // latency queries over two scrape intervals (the recent latency, which
 // each cycle runs once and the looks between cycles run alone).
-type queryCounts struct{ all, recentLatency atomic.Int64 }
+type queryCounts struct {
+	all, recentLatency atomic.Int64
+
+	// times holds, per namespace, when each cycle began (its CPU query
+	// over the query window, kind 'c') and each recent latency query was
+	// answered (kind 'r'), while recording is set.
+	mu        sync.Mutex
+	recording bool
+	times     map[string][]queryTime
+}
+
+type queryTime struct {
+	at   time.Time
+	kind byte
+}
+
+var namespaceOf = regexp.MustCompile(`namespace="([^"]+)"`)
+
+func (n *queryCounts) note(q string) {
+	recent := strings.Contains(q, "istio_request_duration_milliseconds_sum") && strings.Contains(q, "[30s]")
+	if recent {
+		n.recentLatency.Add(1)
+	}
+	cycle := strings.Contains(q, `container!="istio-proxy"`) && strings.Contains(q, "[1m]") // the CPU query, not the node's
+	m := namespaceOf.FindStringSubmatch(q)
+	if m == nil || !(recent || cycle) {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.recording {
+		return
+	}
+	kind := byte('r')
+	if cycle {
+		kind = 'c'
+	}
+	n.times[m[1]] = append(n.times[m[1]], queryTime{time.Now(), kind})
+}
+
+// schedule summarises the recorded times over the periods between two
+// cycles of one optimizer: their mean length, the looks in them (recent
+// latency queries a second or more after the cycle began; the cycle's own
+// comes first) per period, and all recent latency queries by the whole
+// seconds since the cycle began.
+func (n *queryCounts) schedule() (meanGap time.Duration, looksPerCycle float64, after map[int]int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	after = map[int]int{}
+	var gaps time.Duration
+	periods, looks := 0, 0
+	for _, ts := range n.times {
+		var last time.Time
+		inPeriod := 0
+		for _, q := range ts {
+			switch {
+			case q.kind == 'c':
+				if !last.IsZero() {
+					gaps += q.at.Sub(last)
+					periods++
+					looks += inPeriod
+				}
+				last, inPeriod = q.at, 0
+			case !last.IsZero():
+				s := int(q.at.Sub(last).Seconds())
+				after[s]++
+				if s >= 1 {
+					inPeriod++
+				}
+			}
+		}
+	}
+	if periods > 0 {
+		meanGap = gaps / time.Duration(periods)
+		looksPerCycle = float64(looks) / float64(periods)
+	}
+	return meanGap, looksPerCycle, after
+}
 
 // cpuBackend answers every query with 0.5 cores for each pod it names,
 // whatever the template, like a Prometheus with every pod scraped, and
@@ -39,9 +116,7 @@ func cpuBackend(n *queryCounts) http.HandlerFunc {
 		_ = r.ParseForm()
 		q := r.Form.Get("query")
 		n.all.Add(1)
-		if strings.Contains(q, "istio_request_duration_milliseconds_sum") && strings.Contains(q, "[30s]") {
-			n.recentLatency.Add(1)
-		}
+		n.note(q)
 		m := pods.FindStringSubmatch(q)
 		var items []string
 		if m != nil {
@@ -120,7 +195,7 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	t.Logf("created %d optimizers x %d pods in %v", optimizers, pods, time.Since(start).Round(time.Second))
 
 	bin := harness.BuildBinary(t, "./cmd")
-	var queries queryCounts
+	queries := queryCounts{times: map[string][]queryTime{}}
 	backend := httptest.NewServer(cpuBackend(&queries))
 	defer backend.Close()
 	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
@@ -212,21 +287,49 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	time.Sleep(time.Minute)
 	before, at := scrape(t, metricsAddr), time.Now()
 	all, recent := queries.all.Load(), queries.recentLatency.Load()
+	queries.mu.Lock()
+	queries.recording = true
+	queries.mu.Unlock()
 	time.Sleep(2 * time.Minute)
+	queries.mu.Lock()
+	queries.recording = false
+	queries.mu.Unlock()
 	alive()
 	text := scrape(t, metricsAddr)
 	secs := time.Since(at).Seconds()
 	cycles := sumMetric(text, "optimizer_cycles_total") - sumMetric(before, "optimizer_cycles_total")
-	looks := float64(queries.recentLatency.Load()-recent) - cycles
+	recentRate := float64(queries.recentLatency.Load()-recent) / secs
 	var modes []string
 	for _, mode := range []string{"Optimizing", "Steady", "LowLoad", "Holding", "Fallback", "NoData"} {
 		if n := sumMetricWith(text, "optimizer_mode", `mode="`+mode+`"`); n > 0 {
 			modes = append(modes, fmt.Sprintf("%s %v", mode, n))
 		}
 	}
-	t.Logf("%d optimizers, over %.0f s after their first cycles: %.1f queries/s in all, %.2f cycles/s, %.1f looks/s (%.2f a cycle), %v alarms; modes: %s",
-		optimizers, secs, float64(queries.all.Load()-all)/secs, cycles/secs, looks/secs, looks/max(cycles, 1),
+	t.Logf("%d optimizers, over %.0f s after their first cycles: %.1f queries/s in all, %.1f of them recent latency, %.2f cycles/s (optimizer_cycles_total), %v alarms; modes: %s",
+		optimizers, secs, float64(queries.all.Load()-all)/secs, recentRate, cycles/secs,
 		sumMetric(text, "optimizer_alarms_total"), strings.Join(modes, ", "))
+	gap, looksPerCycle, after := queries.schedule()
+	var secsAfter []string
+	for s := range 60 {
+		if n := after[s]; n > 0 {
+			secsAfter = append(secsAfter, fmt.Sprintf("%ds: %d", s, n))
+		}
+	}
+	t.Logf("the backend saw each optimizer's cycles every %v on average, %.2f looks between two, and the recent latency queries at these seconds after a cycle began: %s",
+		gap.Round(100*time.Millisecond), looksPerCycle, strings.Join(secsAfter, ", "))
+	queries.mu.Lock()
+	perNS := map[int]int{}
+	for o := range optimizers {
+		c := 0
+		for _, q := range queries.times[fmt.Sprintf("team-%03d", o)] {
+			if q.kind == 'c' {
+				c++
+			}
+		}
+		perNS[c]++
+	}
+	queries.mu.Unlock()
+	t.Logf("optimizers by the cycles the backend saw in those %.0f s: %v", secs, perNS)
 	if profileDir != "" {
 		saveHeapProfile(t, pprofAddr, filepath.Join(profileDir, "heap.pprof"))
 	}
