@@ -51,6 +51,18 @@ func signalsOf(s Settings, cpu bool, a answers) Signals {
 	}
 }
 
+// recentSignal runs a query over window (Settings.RecentCPUWindow or
+// RecentLatencyWindow) instead of qt's, as optionalSignal does; an empty
+// Result when window is 0 (not run, see recentWindow). The cycle and the
+// looks between cycles run the recent latency through it alike.
+func (l *WeightLoop) recentSignal(ctx context.Context, logger logr.Logger, tgt target, signal, tmpl string, qt promsource.Target, window time.Duration, now time.Time) promsource.Result {
+	if window <= 0 {
+		return promsource.Result{}
+	}
+	qt.Window = window
+	return l.optionalSignal(ctx, logger, tgt, signal, tmpl, qt, now)
+}
+
 // optionalSignal runs the query of a signal the engine can do without. A
 // failed or empty answer leaves every pod without that signal this cycle
 // (an empty Result); it is counted and logged, and the cycle goes on. An

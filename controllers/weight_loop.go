@@ -221,8 +221,8 @@ func (l *WeightLoop) probe(ctx context.Context, logger logr.Logger, key types.Na
 	now := l.Clock.Now()
 	qctx, cancel := context.WithTimeout(ctx, s.ProbeInterval)
 	defer cancel()
-	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods, Window: s.RecentLatencyWindow}
-	res := l.optionalSignal(qctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, now)
+	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods}
+	res := l.recentSignal(qctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
 	if ctx.Err() != nil || len(res.Values) == 0 {
 		// Stopped (the optimizer may be gone: no series written now), or
 		// nothing to judge.
@@ -316,20 +316,12 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 		a.requests = l.optionalSignal(ctx, logger, tgt, "requests", s.RequestQuery, qt, now)
 		a.latency = l.optionalSignal(ctx, logger, tgt, "latency", s.LatencyQuery, qt, now)
 		a.nodeCPU = l.optionalSignal(ctx, logger, tgt, "node_cpu", s.NodeCPUQuery, qt, now)
-		if s.RecentCPUWindow > 0 {
-			// The CPU query again, over the last two scrape intervals.
-			rt := qt
-			rt.Window = s.RecentCPUWindow
-			a.recentCPU = l.optionalSignal(ctx, logger, tgt, "recent_cpu", s.CPUQuery, rt, now)
-		}
-		if s.RecentLatencyWindow > 0 {
-			// The latency query again, over the last two scrape intervals:
-			// the engine learns how it usually differs from the window's,
-			// which Alarm needs between cycles.
-			rt := qt
-			rt.Window = s.RecentLatencyWindow
-			a.recentLatency = l.optionalSignal(ctx, logger, tgt, "recent_latency", s.LatencyQuery, rt, now)
-		}
+		// The CPU and latency queries again, over the last two scrape
+		// intervals. From the recent latency the engine learns how it
+		// usually differs from the window's, which Alarm needs between
+		// cycles.
+		a.recentCPU = l.recentSignal(ctx, logger, tgt, "recent_cpu", s.CPUQuery, qt, s.RecentCPUWindow, now)
+		a.recentLatency = l.recentSignal(ctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
 	}
 	// Series that were dropped (duplicates, NaN, no pod label, warnings)
 	// do not fail the cycle, but the user must hear why a pod has no data.
