@@ -130,10 +130,10 @@ func (e *Engine) smoothCeilings(now time.Time, set []Pod, sig signals) {
 			// Another node's, or too old to speak for it.
 			st.ceiling, st.ceilingN, st.ceilingRatios = 0, 0, nil
 		}
-		// No ceiling this window: the average stands. (nodeCeiling is
-		// positive with limit, but for a denormal CPU.)
+		// No ceiling this window: the average stands. (A positive
+		// nodeCeiling comes with a positive limit.)
 		window := math.Inf(1)
-		if ps.limit > 0 && ps.nodeCeiling > 0 {
+		if ps.nodeCeiling > 0 {
 			window = ps.limit
 			st = e.state(pod.Name)
 			st.ceilingAt, st.ceilingNode = now, pod.Node
