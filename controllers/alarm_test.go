@@ -256,6 +256,12 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	if !out.Time.After(before) || out.Time.Sub(before) > s.ProbeInterval {
 		t.Errorf("the cycle ran at %v, want %v after the last one", out.Time.Sub(before), s.ProbeInterval)
 	}
+	// Its windows are from before the slowdown and show web-2 keeping up;
+	// only the recent latency shows it behind. The Service goes to
+	// LEAST_REQUEST until they cover the change.
+	if out.Result.Learned || !strings.Contains(out.Result.Message, "web-2 first") {
+		t.Errorf("the alarm's cycle: learned %v, %q; want not Learned (LEAST_REQUEST), naming web-2", out.Result.Learned, out.Result.Message)
+	}
 	if got := testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")); got != 1 {
 		t.Errorf("optimizer_alarms_total = %v, want 1", got)
 	}

@@ -14,8 +14,9 @@ import (
 // that something is wrong needs less: the pod's sidecar latency over the
 // last two scrape intervals (Signal.RecentLatency). Alarm judges such a
 // look between cycles, and the operator runs the cycle at once when it
-// rings; that cycle drains the pod and hands the Service to LEAST_REQUEST
-// (Result.Learned false) as soon as its data shows the pod behind.
+// rings; that cycle hands the Service to LEAST_REQUEST (Result.Learned
+// false) at once, since its windows are mostly from before the change
+// (see noteSuspects), and drains the pod as soon as they show it behind.
 //
 // Only an overload the last cycle did not know of rings: a pod already
 // hot or drained is being handled, and the next cycle follows it up. And
@@ -49,16 +50,74 @@ func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bo
 	}
 	for _, p := range canonicalPods(pods) {
 		st := e.pods[p.Name]
-		raw, ok := obs.Signals[p.Name]
-		if st == nil || !ok || st.hot || st.drainOr1() < 1 || !(st.latency > 0) {
-			continue
-		}
-		if r := raw.RecentLatency; usable(r) && st.alarmed(r/st.latency) {
+		if r, ok := e.ringing(st, obs.Signals[p.Name]); ok {
 			return p.Name, fmt.Sprintf("its latency over the last scrapes, %v, is %.1fx the %v of the last cycle",
 				roundLatency(r), r/st.latency, roundLatency(st.latency)), true
 		}
 	}
 	return "", "", false
+}
+
+// ringing reports whether raw's recent latency rings the alarm for a pod
+// in state st, and that latency.
+func (e *Engine) ringing(st *podState, raw Signal) (float64, bool) {
+	if st == nil || st.hot || st.drainOr1() < 1 || !(st.latency > 0) {
+		return 0, false
+	}
+	r := raw.RecentLatency
+	return r, usable(r) && st.alarmed(r/st.latency)
+}
+
+// noteSuspects marks, at a cycle, the pods whose recent latency rings the
+// alarm (whether a look rang it or the cycle is the first to see it), and
+// returns them. Such a pod's windows are mostly from before the change:
+// they may still show it keeping up (a slowdown 5 s old is a twelfth of
+// a one-minute window), so nothing else would keep it off ROUND_ROBIN,
+// and under ROUND_ROBIN its queue grows by the difference between its old
+// share and its new speed. While it is a suspect Learned stays false and
+// the operator runs LEAST_REQUEST, which steers around the queue within a
+// request. It stays one until its recent latency is back under the alarm
+// against the latency from before (a passing surge: at 90% load a busy
+// pod's latency over 30 s is now and then 2-3x its mean), or until one
+// query window and scrape have passed (Params.horizon): from then on the
+// windows show the pod as it is now, and a pod still behind is hot or
+// drained. Holding LEAST_REQUEST through a surge costs p99 at high load
+// (there the weights do better than LEAST_REQUEST), hence the early end.
+func (e *Engine) noteSuspects(now time.Time, set []Pod, obs Observation) []string {
+	alarming := e.Alarming()
+	var names []string
+	for _, p := range set {
+		st := e.pods[p.Name]
+		if st == nil {
+			continue
+		}
+		raw := obs.Signals[p.Name]
+		if _, ok := e.ringing(st, raw); ok && alarming {
+			st.suspectUntil, st.suspectLatency = now.Add(e.params.horizon()), st.latency
+			names = append(names, p.Name)
+			continue
+		}
+		if r := raw.RecentLatency; now.Before(st.suspectUntil) && usable(r) && !st.alarmed(r/st.suspectLatency) {
+			st.suspectUntil = time.Time{}
+		}
+	}
+	return names
+}
+
+// suspectMessage explains the pods held as suspects (see noteSuspects):
+// those just marked, or else the first still held.
+func (e *Engine) suspectMessage(now time.Time, set []Pod, marked []string) string {
+	if len(marked) > 0 {
+		return fmt.Sprintf("; the latency of %d pod(s) rose past the alarm (%s first) before the query window could show why: LEAST_REQUEST for the next %v",
+			len(marked), marked[0], e.params.horizon())
+	}
+	for _, p := range set {
+		if st := e.pods[p.Name]; st != nil && now.Before(st.suspectUntil) {
+			return fmt.Sprintf("; %s's latency rang the alarm: LEAST_REQUEST until it is back under the alarm or the query window covers the change, %v from now",
+				p.Name, st.suspectUntil.Sub(now).Round(time.Second))
+		}
+	}
+	return ""
 }
 
 // Alarming reports whether Alarm can ring at all: the last result was

@@ -189,9 +189,11 @@ func TestAlarmSilentForAPodAlreadyHandled(t *testing.T) {
 }
 
 // An alarm's cycle is Early: the engine's cycle length and noise (its
-// bands, its Snapshot) stay those the regular cycles measured. That cycle remembers the
-// recent latency that rang, so the same latency does not ring again, but
-// twice as much does.
+// bands, its Snapshot) stay those the regular cycles measured. While the
+// pod that rang is a suspect (see TestAlarmKeepsLeastRequest) the alarm is
+// silent; once its latency is back, that cycle's reference is the recent
+// latency that rang, so the same latency does not ring again, but twice as
+// much does.
 func TestAlarmCycleIsEarly(t *testing.T) {
 	pods := drainPods()
 	e, now := alarmEngine(t)
@@ -210,6 +212,11 @@ func TestAlarmCycleIsEarly(t *testing.T) {
 		t.Errorf("after an early cycle 5 s on, the learned state is %+v, want %+v (its window is mostly the last cycle's)", got, snap)
 	}
 	at = at.Add(5 * time.Second)
+	if pod, _, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"c": {RecentLatency: 0.5}}}); ring {
+		t.Errorf("c is a suspect (LEAST_REQUEST): rang for %s", pod)
+	}
+	e.pods["c"].suspectUntil = time.Time{} // as when its latency is back
+	e.lastLearned = true
 	if pod, why, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"c": {RecentLatency: 0.25}}}); ring {
 		t.Errorf("the latency that rang, a little higher, rang again for %s: %s", pod, why)
 	}
@@ -220,6 +227,64 @@ func TestAlarmCycleIsEarly(t *testing.T) {
 	if got := e.Snapshot().CycleSeconds; got != quiet.Seconds() {
 		t.Errorf("the next regular cycle measured %vs, want %v from the last regular one", got, quiet)
 	}
+}
+
+// A pod whose latency rings the alarm while its windows still show it
+// keeping up is a suspect: the cycle that sees it (the alarm's, or a
+// regular one) reports Learned false, so the Service runs LEAST_REQUEST,
+// until the pod's latency is back under the alarm or one query window and
+// scrape have passed, after which the windows show the pod as it is now.
+func TestAlarmKeepsLeastRequest(t *testing.T) {
+	pods := drainPods()
+	calm := func(e *Engine, at time.Time, recent map[string]float64, early bool) Result {
+		obs := withLatency(servedObs(at, e.live, 400, nil, nil), recent)
+		obs.Early = early
+		return cycle(e, pods, obs)
+	}
+	slow := map[string]float64{"c": 0.2}
+	t.Run("until the window covers the change", func(t *testing.T) {
+		e, now := alarmEngine(t)
+		at := now.Add(5 * time.Second)
+		res := calm(e, at, slow, true)
+		if res.Learned || !strings.Contains(res.Message, "latency of 1 pod(s) rose past the alarm (c first)") {
+			t.Fatalf("the alarm's cycle: learned %v, %s; want not Learned, naming c", res.Learned, res.Message)
+		}
+		if _, _, ring := e.Alarm(pods, Observation{Time: at.Add(5 * time.Second), Signals: map[string]Signal{"d": {RecentLatency: 1}}}); ring {
+			t.Error("under LEAST_REQUEST the alarm rang")
+		}
+		res = calm(e, at.Add(30*time.Second), slow, false)
+		if res.Learned || !strings.Contains(res.Message, "c's latency rang the alarm") || !strings.Contains(res.Message, "45s from now") {
+			t.Errorf("30 s on, c still slow: learned %v, %s; want not Learned for 45s more", res.Learned, res.Message)
+		}
+		res = calm(e, at.Add(e.params.horizon()), slow, false)
+		if !res.Learned || strings.Contains(res.Message, "alarm") {
+			t.Errorf("a window and a scrape on: learned %v, %s; want Learned (the windows show c as it is)", res.Learned, res.Message)
+		}
+	})
+	t.Run("a passing surge", func(t *testing.T) {
+		e, now := alarmEngine(t)
+		at := now.Add(5 * time.Second)
+		if res := calm(e, at, slow, true); res.Learned {
+			t.Fatalf("the alarm's cycle is Learned: %s", res.Message)
+		}
+		if res := calm(e, at.Add(10*time.Second), map[string]float64{"c": 0.039}, false); !res.Learned {
+			t.Errorf("c back under 2x its latency from before: not Learned: %s", res.Message)
+		}
+	})
+	t.Run("a regular cycle sees it first", func(t *testing.T) {
+		e, now := alarmEngine(t)
+		if res := calm(e, now.Add(quiet), slow, false); res.Learned {
+			t.Errorf("c at 10x in a regular cycle: Learned: %s", res.Message)
+		}
+	})
+	t.Run("not while already on LEAST_REQUEST", func(t *testing.T) {
+		e, now := alarmEngine(t)
+		e.lastLearned = false
+		at := now.Add(quiet)
+		if res := calm(e, at, slow, false); e.pods["c"].suspectUntil.After(at) || !res.Learned {
+			t.Errorf("c became a suspect under LEAST_REQUEST (learned %v): %s", res.Learned, res.Message)
+		}
+	})
 }
 
 // What an overload shows does not teach the alarm its noise: the

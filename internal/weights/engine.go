@@ -124,6 +124,12 @@ type podState struct {
 	// and noteLatency).
 	latency       float64
 	latencyRatios []float64
+	// suspectUntil: a cycle found the pod's latency risen past the alarm
+	// from suspectLatency; until then (one query window and scrape later)
+	// the windows predate the change, and unless its latency falls back
+	// Learned stays false (see noteSuspects).
+	suspectUntil   time.Time
+	suspectLatency float64
 	// drain is the factor (below 1) the pod's weight is drained by this
 	// cycle, liveDrain the one in the reference weights; 0 means none.
 	drain, liveDrain float64
@@ -305,6 +311,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 	proposal := e.capacityProposal(now, set)
 	drained, worst, worstQ := e.drainProposal(set, sig, ds, proposal)
+	suspects := e.noteSuspects(now, set, obs)
 	for i, pod := range set {
 		st := e.state(pod.Name)
 		st.hot = ds.hot[i]
@@ -327,6 +334,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			prefix, 100*res.maxMove, learnedFrom, len(set), source)
 	}
 	res.Message += drainMessage(drained, worst, worstQ)
+	res.Message += e.suspectMessage(now, set, suspects)
 	if res.Unlearned > 0 {
 		res.Message += fmt.Sprintf("; %d pod(s) without a CPU limit or node CPU data are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", res.Unlearned)
 	}
@@ -384,7 +392,7 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 		mode = ModeSteady
 	}
 	ref, _ := e.reference()
-	learned := e.learned(set, weights, mode)
+	learned := e.learned(now, set, weights, mode)
 	e.lastLearned = learned
 	e.unapplied = changed && !sameWeights(weights, ref)
 	e.mode = mode

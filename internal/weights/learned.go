@@ -1,5 +1,7 @@
 package weights
 
+import "time"
+
 // Result.Learned tells the operator whether weighted ROUND_ROBIN can be
 // trusted with the weights. It can when the weights rest on what the data
 // measured, for nearly all of the traffic: until then (the first cycles
@@ -37,7 +39,7 @@ func (e *Engine) settled(pod Pod, fromRequests bool) bool {
 // learned reports Result.Learned for new weights w over set. A pod's
 // share of the traffic is the larger of its share of the live weights
 // (what it carried over the window) and of w (what it will carry).
-func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
+func (e *Engine) learned(now time.Time, set []Pod, w map[string]uint32, mode Mode) bool {
 	switch mode {
 	case ModeFallback, ModeNoData:
 		return false
@@ -53,12 +55,13 @@ func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
 	}
 	unsettled := 0.0
 	for _, pod := range set {
-		if st := e.pods[pod.Name]; st != nil && (st.hot || st.drainOr1() < 1 || st.blind) {
+		if st := e.pods[pod.Name]; st != nil && (st.hot || st.drainOr1() < 1 || st.blind || now.Before(st.suspectUntil)) {
 			// Overloaded, with a backlog, or where an overload would not
 			// show (CPU alone and no ceiling, see markBlind): whatever its
 			// share, a queue grows or may grow there, which LEAST_REQUEST
 			// steers around within a request and weights only within a
-			// cycle.
+			// cycle. Or its latency rang the alarm and the windows do not
+			// cover the change yet (see noteSuspects).
 			return false
 		}
 		if e.settled(pod, e.lastFromRequests) {

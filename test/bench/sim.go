@@ -272,6 +272,7 @@ type sim struct {
 	arrHash      uint64
 	maxQueue     int
 	publications int
+	switches     int // load-balancer changes (DestinationRule writes)
 	alarms       int // cycles an alarm ran between the regular ones
 	cycleIdx     int
 	convFrom     int
@@ -716,6 +717,7 @@ func (s *sim) setLB(lb lbMode) {
 		return
 	}
 	s.lb = lb
+	s.switches++
 	for ci := range s.clients {
 		s.rebuild(int32(ci))
 	}
@@ -1026,6 +1028,9 @@ type StrategyResult struct {
 	P999Ms       float64 `json:"p999_ms"`
 	MaxMeanUtil  float64 `json:"max_mean_util"`
 	Publications int     `json:"publications"`
+	// PolicySwitches: changes between LEAST_REQUEST and ROUND_ROBIN
+	// (optimizer in its default mode), each a DestinationRule write.
+	PolicySwitches int `json:"policy_switches"`
 	// Alarms: cycles run between the regular ones because Engine.Alarm
 	// rang (optimizer strategies under ROUND_ROBIN).
 	Alarms        int      `json:"alarms"`
@@ -1051,20 +1056,21 @@ type StrategyResult struct {
 
 func (s *sim) result(elapsed time.Duration) StrategyResult {
 	r := StrategyResult{
-		Name:          s.def.name,
-		P50Ms:         s.lat.quantile(0.50) * 1e3,
-		P99Ms:         s.lat.quantile(0.99) * 1e3,
-		P999Ms:        s.lat.quantile(0.999) * 1e3,
-		MeanMs:        s.lat.mean() * 1e3,
-		MaxQueue:      s.maxQueue,
-		Publications:  s.publications,
-		Alarms:        s.alarms,
-		ConvergeCycle: s.convFrom,
-		Requests:      s.lat.n,
-		ElapsedSec:    elapsed.Seconds(),
-		Arrivals:      s.arrivals,
-		ArrivalHash:   s.arrHash,
-		Notes:         s.notes,
+		Name:           s.def.name,
+		P50Ms:          s.lat.quantile(0.50) * 1e3,
+		P99Ms:          s.lat.quantile(0.99) * 1e3,
+		P999Ms:         s.lat.quantile(0.999) * 1e3,
+		MeanMs:         s.lat.mean() * 1e3,
+		MaxQueue:       s.maxQueue,
+		Publications:   s.publications,
+		PolicySwitches: s.switches,
+		Alarms:         s.alarms,
+		ConvergeCycle:  s.convFrom,
+		Requests:       s.lat.n,
+		ElapsedSec:     elapsed.Seconds(),
+		Arrivals:       s.arrivals,
+		ArrivalHash:    s.arrHash,
+		Notes:          s.notes,
 	}
 	if len(s.modes) > 0 {
 		r.Modes = s.modes
