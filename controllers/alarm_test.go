@@ -259,7 +259,7 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	// Its windows are from before the slowdown and show web-2 keeping up;
 	// only the recent latency shows it behind. The Service goes to
 	// LEAST_REQUEST until they cover the change.
-	if out.Result.Learned || !strings.Contains(out.Result.Message, "web-2 first") {
+	if weightsLearned(out, true, nil) || !strings.Contains(out.Result.Message, "rose past the alarm (web-2 first)") {
 		t.Errorf("the alarm's cycle: learned %v, %q; want not Learned (LEAST_REQUEST), naming web-2", out.Result.Learned, out.Result.Message)
 	}
 	if got := testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")); got != 1 {

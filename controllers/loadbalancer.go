@@ -32,7 +32,7 @@ func (s *status) balancer(requested optv1.LoadBalancer, written networking.LoadB
 	switch {
 	case string(requested) == s.loadBalancer:
 	case useEngine:
-		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default) until the weights rest on measured capacity, then %s", s.loadBalancer, requested)
+		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default) until the weights rest on measured capacity and no pod is falling behind, then %s", s.loadBalancer, requested)
 	default:
 		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default) instead of %s, since the weights are not optimized", s.loadBalancer, requested)
 	}

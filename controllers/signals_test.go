@@ -195,7 +195,7 @@ func TestLoadBalancerFollowsLearned(t *testing.T) {
 		}
 		o := env.optimizer(t, ns, "web")
 		ready := meta.FindStatusCondition(o.Status.Conditions, optv1.ConditionReady)
-		if o.Status.LoadBalancer != "LEAST_REQUEST" || ready == nil || !strings.Contains(ready.Message, "LEAST_REQUEST (Istio's default) until the weights rest on measured capacity, then ROUND_ROBIN") {
+		if o.Status.LoadBalancer != "LEAST_REQUEST" || ready == nil || !strings.Contains(ready.Message, "LEAST_REQUEST (Istio's default) until the weights rest on measured capacity and no pod is falling behind, then ROUND_ROBIN") {
 			return fmt.Errorf("status.loadBalancer %q, Ready %v", o.Status.LoadBalancer, ready)
 		}
 		return nil

@@ -83,8 +83,14 @@ func (e *Engine) ringing(st *podState, raw Signal) (float64, bool) {
 // windows show the pod as it is now, and a pod still behind is hot or
 // drained. Holding LEAST_REQUEST through a surge costs p99 at high load
 // (there the weights do better than LEAST_REQUEST), hence the early end.
+//
+// It runs before this cycle's drains and hot pods are known, so it judges
+// a pod by the state Alarm would have judged it by between the cycles.
+// Pods are marked while the last result rested on fresh data, Learned or
+// not: a second pod that falls behind during one pod's spell is held too,
+// instead of its latency becoming the reference the alarm compares with.
 func (e *Engine) noteSuspects(now time.Time, set []Pod, obs Observation) []string {
-	alarming := e.Alarming()
+	fresh := e.mode == ModeOptimizing || e.mode == ModeSteady
 	var names []string
 	for _, p := range set {
 		st := e.pods[p.Name]
@@ -92,12 +98,12 @@ func (e *Engine) noteSuspects(now time.Time, set []Pod, obs Observation) []strin
 			continue
 		}
 		raw := obs.Signals[p.Name]
-		if _, ok := e.ringing(st, raw); ok && alarming {
+		if _, ok := e.ringing(st, raw); ok && fresh {
 			st.suspectUntil, st.suspectLatency = now.Add(e.params.horizon()), st.latency
 			names = append(names, p.Name)
 			continue
 		}
-		if r := raw.RecentLatency; now.Before(st.suspectUntil) && usable(r) && !st.alarmed(r/st.suspectLatency) {
+		if r := raw.RecentLatency; now.Before(st.suspectUntil) && usable(r) && r > 0 && !st.alarmed(r/st.suspectLatency) {
 			st.suspectUntil = time.Time{}
 		}
 	}
@@ -108,12 +114,12 @@ func (e *Engine) noteSuspects(now time.Time, set []Pod, obs Observation) []strin
 // those just marked, or else the first still held.
 func (e *Engine) suspectMessage(now time.Time, set []Pod, marked []string) string {
 	if len(marked) > 0 {
-		return fmt.Sprintf("; the latency of %d pod(s) rose past the alarm (%s first) before the query window could show why: LEAST_REQUEST for the next %v",
+		return fmt.Sprintf("; the latency of %d pod(s) rose past the alarm (%s first) before the query window could show why: LEAST_REQUEST for up to %v",
 			len(marked), marked[0], e.params.horizon())
 	}
 	for _, p := range set {
 		if st := e.pods[p.Name]; st != nil && now.Before(st.suspectUntil) {
-			return fmt.Sprintf("; %s's latency rang the alarm: LEAST_REQUEST until it is back under the alarm or the query window covers the change, %v from now",
+			return fmt.Sprintf("; %s's latency rang the alarm: LEAST_REQUEST until it is back under the alarm or the query window covers the change, at most %v from now",
 				p.Name, st.suspectUntil.Sub(now).Round(time.Second))
 		}
 	}

@@ -190,10 +190,10 @@ func TestAlarmSilentForAPodAlreadyHandled(t *testing.T) {
 
 // An alarm's cycle is Early: the engine's cycle length and noise (its
 // bands, its Snapshot) stay those the regular cycles measured. While the
-// pod that rang is a suspect (see TestAlarmKeepsLeastRequest) the alarm is
-// silent; once its latency is back, that cycle's reference is the recent
-// latency that rang, so the same latency does not ring again, but twice as
-// much does.
+// pod that rang is a suspect (see TestAlarmKeepsLeastRequest) the Service
+// is on LEAST_REQUEST and the alarm is silent; the cycle that finds its
+// latency back makes that latency the reference again, so the same rise
+// rings again.
 func TestAlarmCycleIsEarly(t *testing.T) {
 	pods := drainPods()
 	e, now := alarmEngine(t)
@@ -215,13 +215,19 @@ func TestAlarmCycleIsEarly(t *testing.T) {
 	if pod, _, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"c": {RecentLatency: 0.5}}}); ring {
 		t.Errorf("c is a suspect (LEAST_REQUEST): rang for %s", pod)
 	}
-	e.pods["c"].suspectUntil = time.Time{} // as when its latency is back
-	e.lastLearned = true
-	if pod, why, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"c": {RecentLatency: 0.25}}}); ring {
-		t.Errorf("the latency that rang, a little higher, rang again for %s: %s", pod, why)
+	// A cycle finds c back at 0.03, under 2x its 0.02 from before: the
+	// spell ends.
+	at = at.Add(5 * time.Second)
+	obs = withLatency(servedObs(at, e.live, 400, nil, nil), map[string]float64{"c": 0.03})
+	obs.Early = true
+	if res := cycle(e, pods, obs); !res.Learned {
+		t.Fatalf("c back under the alarm: not Learned: %s", res.Message)
 	}
-	if _, _, ring := e.Alarm(pods, Observation{Time: at, Signals: map[string]Signal{"c": {RecentLatency: 0.5}}}); !ring {
-		t.Error("c at 2.5x the latency that rang did not ring")
+	if pod, why, ring := e.Alarm(pods, Observation{Time: at.Add(5 * time.Second), Signals: map[string]Signal{"c": {RecentLatency: 0.05}}}); ring {
+		t.Errorf("c at 0.05, under 2x the 0.03 of the last cycle, rang for %s: %s", pod, why)
+	}
+	if _, _, ring := e.Alarm(pods, Observation{Time: at.Add(5 * time.Second), Signals: map[string]Signal{"c": {RecentLatency: 0.2}}}); !ring {
+		t.Error("c at 0.2 again after its latency was back did not ring")
 	}
 	cycle(e, pods, withLatency(servedObs(now.Add(quiet), e.live, 400, nil, nil), nil))
 	if got := e.Snapshot().CycleSeconds; got != quiet.Seconds() {
@@ -233,7 +239,8 @@ func TestAlarmCycleIsEarly(t *testing.T) {
 // keeping up is a suspect: the cycle that sees it (the alarm's, or a
 // regular one) reports Learned false, so the Service runs LEAST_REQUEST,
 // until the pod's latency is back under the alarm or one query window and
-// scrape have passed, after which the windows show the pod as it is now.
+// scrape have passed; from then on the weights follow what the windows
+// show.
 func TestAlarmKeepsLeastRequest(t *testing.T) {
 	pods := drainPods()
 	calm := func(e *Engine, at time.Time, recent map[string]float64, early bool) Result {
@@ -242,47 +249,93 @@ func TestAlarmKeepsLeastRequest(t *testing.T) {
 		return cycle(e, pods, obs)
 	}
 	slow := map[string]float64{"c": 0.2}
-	t.Run("until the window covers the change", func(t *testing.T) {
+	// spell starts one with an alarm's cycle for c, 5 s after the last cycle.
+	spell := func(t *testing.T) (*Engine, time.Time) {
+		t.Helper()
 		e, now := alarmEngine(t)
 		at := now.Add(5 * time.Second)
 		res := calm(e, at, slow, true)
-		if res.Learned || !strings.Contains(res.Message, "latency of 1 pod(s) rose past the alarm (c first)") {
+		if res.Learned || !strings.Contains(res.Message, "latency of 1 pod(s) rose past the alarm (c first)") ||
+			!strings.Contains(res.Message, "LEAST_REQUEST for up to 1m15s") {
 			t.Fatalf("the alarm's cycle: learned %v, %s; want not Learned, naming c", res.Learned, res.Message)
 		}
+		return e, at
+	}
+	t.Run("until the window covers the change", func(t *testing.T) {
+		e, at := spell(t)
 		if _, _, ring := e.Alarm(pods, Observation{Time: at.Add(5 * time.Second), Signals: map[string]Signal{"d": {RecentLatency: 1}}}); ring {
 			t.Error("under LEAST_REQUEST the alarm rang")
 		}
-		res = calm(e, at.Add(30*time.Second), slow, false)
-		if res.Learned || !strings.Contains(res.Message, "c's latency rang the alarm") || !strings.Contains(res.Message, "45s from now") {
+		res := calm(e, at.Add(30*time.Second), slow, false)
+		if res.Learned || !strings.Contains(res.Message, "c's latency rang the alarm") || !strings.Contains(res.Message, "at most 45s from now") {
 			t.Errorf("30 s on, c still slow: learned %v, %s; want not Learned for 45s more", res.Learned, res.Message)
 		}
+		// The windows now cover the time since the alarm and show c
+		// keeping up (its latency is just higher): the weights follow them.
 		res = calm(e, at.Add(e.params.horizon()), slow, false)
 		if !res.Learned || strings.Contains(res.Message, "alarm") {
-			t.Errorf("a window and a scrape on: learned %v, %s; want Learned (the windows show c as it is)", res.Learned, res.Message)
+			t.Errorf("a window and a scrape on: learned %v, %s; want Learned", res.Learned, res.Message)
+		}
+	})
+	t.Run("then the windows show the pod behind", func(t *testing.T) {
+		e, at := spell(t)
+		// c now serves a third of its share at its limit: at the end of
+		// the spell it is drained, which keeps LEAST_REQUEST.
+		var res Result
+		for k := 1; k <= 3; k++ {
+			obs := withLatency(servedObs(at.Add(time.Duration(k)*30*time.Second), e.live, 400, map[string]float64{"c": 33}, map[string]float64{"c": 16.5}), slow)
+			res = cycle(e, pods, obs)
+			if res.Learned {
+				t.Fatalf("%d s into the spell, c behind: Learned: %s", 30*k, res.Message)
+			}
+		}
+		if e.pods["c"].suspectUntil.After(at.Add(90*time.Second)) || !strings.Contains(res.Message, "draining") {
+			t.Errorf("after the spell: %s; want c drained, not a suspect", res.Message)
 		}
 	})
 	t.Run("a passing surge", func(t *testing.T) {
-		e, now := alarmEngine(t)
-		at := now.Add(5 * time.Second)
-		if res := calm(e, at, slow, true); res.Learned {
-			t.Fatalf("the alarm's cycle is Learned: %s", res.Message)
-		}
+		e, at := spell(t)
 		if res := calm(e, at.Add(10*time.Second), map[string]float64{"c": 0.039}, false); !res.Learned {
 			t.Errorf("c back under 2x its latency from before: not Learned: %s", res.Message)
 		}
 	})
-	t.Run("a regular cycle sees it first", func(t *testing.T) {
-		e, now := alarmEngine(t)
-		if res := calm(e, now.Add(quiet), slow, false); res.Learned {
-			t.Errorf("c at 10x in a regular cycle: Learned: %s", res.Message)
+	t.Run("no latency is not a latency back", func(t *testing.T) {
+		for _, v := range []float64{0, math.NaN()} {
+			e, at := spell(t)
+			if res := calm(e, at.Add(10*time.Second), map[string]float64{"c": v}, false); res.Learned {
+				t.Errorf("c's recent latency %v ended the spell: %s", v, res.Message)
+			}
 		}
 	})
-	t.Run("not while already on LEAST_REQUEST", func(t *testing.T) {
+	t.Run("a second pod during the spell", func(t *testing.T) {
+		e, at := spell(t)
+		res := calm(e, at.Add(30*time.Second), map[string]float64{"c": 0.02, "d": 0.2}, false)
+		if res.Learned || !strings.Contains(res.Message, "(d first)") {
+			t.Fatalf("d at 10x while c was a suspect: learned %v, %s; want d held", res.Learned, res.Message)
+		}
+		if e.pods["c"].suspectUntil.After(at.Add(30*time.Second)) || e.pods["d"].suspectLatency != 0.02 {
+			t.Errorf("c back: still held until %v; d held against %v, want its 0.02 from before",
+				e.pods["c"].suspectUntil, e.pods["d"].suspectLatency)
+		}
+	})
+	t.Run("a regular cycle sees it first", func(t *testing.T) {
 		e, now := alarmEngine(t)
-		e.lastLearned = false
-		at := now.Add(quiet)
-		if res := calm(e, at, slow, false); e.pods["c"].suspectUntil.After(at) || !res.Learned {
-			t.Errorf("c became a suspect under LEAST_REQUEST (learned %v): %s", res.Learned, res.Message)
+		if res := calm(e, now.Add(quiet), slow, false); res.Learned || !strings.Contains(res.Message, "(c first)") {
+			t.Errorf("c at 10x in a regular cycle: learned %v, %s", res.Learned, res.Message)
+		}
+	})
+	t.Run("a cycle without fresh data says why", func(t *testing.T) {
+		e, at := spell(t)
+		res := cycle(e, pods, Observation{Time: at.Add(10 * time.Second), Err: errString("down")})
+		if res.Learned || !strings.Contains(res.Message, "c's latency rang the alarm") {
+			t.Errorf("a failed query during the spell: learned %v, %s; want not Learned, saying why", res.Learned, res.Message)
+		}
+		// The next cycle judges nobody against references from before the
+		// failure (as Alarm does not): d's rise is not held, c's spell goes on.
+		at = at.Add(20 * time.Second)
+		res = calm(e, at, map[string]float64{"c": 0.2, "d": 0.2}, false)
+		if e.pods["d"].suspectUntil.After(at) || !strings.Contains(res.Message, "c's latency") {
+			t.Errorf("the cycle after a failed one: %s; want d not held, c still held", res.Message)
 		}
 	})
 }

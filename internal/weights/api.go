@@ -121,7 +121,9 @@ type Signal struct {
 	// 0 or no data = unknown.
 	RecentCPU float64
 	// RecentLatency is Latency over the last two scrape intervals, for
-	// Engine.Alarm between cycles; Update ignores it. Optional.
+	// Engine.Alarm between cycles; in Update, a pod whose recent latency
+	// rings the alarm keeps Learned false for a while (see noteSuspects).
+	// Optional; 0 or no data = unknown.
 	RecentLatency float64
 }
 

@@ -309,9 +309,9 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		}
 		e.lastUpdate = now
 	}
+	suspects := e.noteSuspects(now, set, obs)
 	proposal := e.capacityProposal(now, set)
 	drained, worst, worstQ := e.drainProposal(set, sig, ds, proposal)
-	suspects := e.noteSuspects(now, set, obs)
 	for i, pod := range set {
 		st := e.state(pod.Name)
 		st.hot = ds.hot[i]
@@ -376,6 +376,9 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 			}
 		}
 		rules.offCapacity = e.offCapacity(set)
+	}
+	if mode != ModeOptimizing {
+		msg += e.suspectMessage(now, set, nil)
 	}
 	weights, changed, moved, maxMove := e.settle(now, set, proposal, stepBound, rules)
 	if mode == ModeOptimizing {
