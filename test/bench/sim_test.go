@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -533,5 +534,53 @@ seed: 1
 		if sig.NodeCPU != 0 || !(sig.CPU > 0) {
 			t.Errorf("node_cpu false: %s given node CPU %v and CPU %v, want none and the pod's", name, sig.NodeCPU, sig.CPU)
 		}
+	}
+}
+
+// The cycle a look's alarm runs hands the Service to LEAST_REQUEST at once,
+// though its one-minute windows hold only seconds of the slowdown. On the
+// shipped slowdown (seed 3) the first scrape after the change is seen by
+// the look at 605 s; the queue at the slowed pod then stops growing there,
+// not at the next scrape 15 s later (~490 requests, against ~1950 when
+// the alarm's cycle waited for its windows).
+func TestFirstAlarmHandsTheServiceToLeastRequest(t *testing.T) {
+	sc, err := LoadScenario("scenarios/slowdown.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, _ := strategyByName("optimizer")
+	s := newSim(sc, def)
+	var trace strings.Builder
+	s.trace = &trace
+	r := s.run()
+
+	var alarmAt string
+	handed := false
+	for _, line := range strings.Split(trace.String(), "\n") {
+		at, rest, ok := strings.Cut(strings.TrimPrefix(line, "optimizer t="), "s ")
+		if !ok || !strings.HasPrefix(line, "optimizer t=") {
+			continue
+		}
+		at = strings.TrimSpace(at)
+		if sec, err := strconv.Atoi(at); err != nil || sec <= 600 {
+			continue
+		}
+		if alarmAt == "" && strings.HasPrefix(rest, "alarm: fast-0") {
+			alarmAt = at
+			continue
+		}
+		if alarmAt != "" {
+			handed = at == alarmAt && strings.Contains(rest, "learned=false")
+			if !handed {
+				t.Errorf("the cycle after the alarm at %ss: %q; want it at %ss, not Learned", alarmAt, line, alarmAt)
+			}
+			break
+		}
+	}
+	if alarmAt == "" {
+		t.Fatal("no alarm for fast-0 after the slowdown at 600 s")
+	}
+	if handed && r.MaxQueue > 1000 {
+		t.Errorf("max queue %d after LEAST_REQUEST from the alarm at %ss; want it stopped near the ~490 queued by then", r.MaxQueue, alarmAt)
 	}
 }
