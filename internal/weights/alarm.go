@@ -50,7 +50,7 @@ func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bo
 	}
 	for _, p := range canonicalPods(pods) {
 		st := e.pods[p.Name]
-		if r, ok := e.ringing(st, obs.Signals[p.Name]); ok {
+		if r := obs.Signals[p.Name].RecentLatency; st.rings(r) {
 			return p.Name, fmt.Sprintf("its latency over the last scrapes, %v, is %.1fx the %v of the last cycle",
 				roundLatency(r), r/st.latency, roundLatency(st.latency)), true
 		}
@@ -58,14 +58,14 @@ func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bo
 	return "", "", false
 }
 
-// ringing reports whether raw's recent latency rings the alarm for a pod
-// in state st, and that latency.
-func (e *Engine) ringing(st *podState, raw Signal) (float64, bool) {
+// rings reports whether a recent latency r rings the alarm for the pod:
+// one the last cycle knew of (st not nil, with a latency), neither at its
+// limit nor drained, and r past the alarm against that latency.
+func (st *podState) rings(r float64) bool {
 	if st == nil || st.hot || st.drainOr1() < 1 || !(st.latency > 0) {
-		return 0, false
+		return false
 	}
-	r := raw.RecentLatency
-	return r, usable(r) && st.alarmed(r/st.latency)
+	return usable(r) && st.alarmed(r/st.latency)
 }
 
 // noteSuspects marks, at a cycle, the pods whose recent latency rings the
@@ -90,20 +90,20 @@ func (e *Engine) ringing(st *podState, raw Signal) (float64, bool) {
 // not: a second pod that falls behind during one pod's spell is held too,
 // instead of its latency becoming the reference the alarm compares with.
 func (e *Engine) noteSuspects(now time.Time, set []Pod, obs Observation) []string {
-	fresh := e.mode == ModeOptimizing || e.mode == ModeSteady
+	fresh := e.fresh()
 	var names []string
 	for _, p := range set {
 		st := e.pods[p.Name]
 		if st == nil {
 			continue
 		}
-		raw := obs.Signals[p.Name]
-		if _, ok := e.ringing(st, raw); ok && fresh {
+		r := obs.Signals[p.Name].RecentLatency
+		if fresh && st.rings(r) {
 			st.suspectUntil, st.suspectLatency = now.Add(e.params.horizon()), st.latency
 			names = append(names, p.Name)
 			continue
 		}
-		if r := raw.RecentLatency; now.Before(st.suspectUntil) && usable(r) && r > 0 && !st.alarmed(r/st.suspectLatency) {
+		if now.Before(st.suspectUntil) && usable(r) && r > 0 && !st.alarmed(r/st.suspectLatency) {
 			st.suspectUntil = time.Time{}
 		}
 	}
@@ -131,7 +131,13 @@ func (e *Engine) suspectMessage(now time.Time, set []Pod, marked []string) strin
 // fresh data (Optimizing or Steady: not held through failed queries, low
 // load or a fallback). The operator looks between cycles only then.
 func (e *Engine) Alarming() bool {
-	return e.lastLearned && (e.mode == ModeOptimizing || e.mode == ModeSteady)
+	return e.lastLearned && e.fresh()
+}
+
+// fresh reports whether the last result rests on fresh data (Optimizing
+// or Steady), so the latencies it noted are a reference to judge by.
+func (e *Engine) fresh() bool {
+	return e.mode == ModeOptimizing || e.mode == ModeSteady
 }
 
 // alarmed reports whether a pod's latency at ratio times the reference is
