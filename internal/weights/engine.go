@@ -376,8 +376,8 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 			}
 		}
 		rules.offCapacity = e.offCapacity(set)
-	}
-	if mode != ModeOptimizing {
+		// Update writes an optimizing cycle's message itself, with the
+		// suspects it just marked; here the spell still running is named.
 		msg += e.suspectMessage(now, set, nil)
 	}
 	weights, changed, moved, maxMove := e.settle(now, set, proposal, stepBound, rules)
