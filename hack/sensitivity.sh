@@ -108,3 +108,7 @@ constant $w/learned.go learnedShare 0.9 0.8
 constant $w/learned.go learnedShare 0.9 0.95
 constant $w/alarm.go alarmLatency 2 1
 constant $w/alarm.go alarmLatency 2 4
+constant $w/alarm.go suspectCut 0.5 0.25
+constant $w/alarm.go suspectCut 0.5 1
+constant $w/drain.go suspectUtil 0.85 0.425
+constant $w/drain.go suspectUtil 0.85 0.95

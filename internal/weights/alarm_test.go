@@ -369,3 +369,84 @@ func TestNoteLatencyLearnsOnlyFromPodsThatKeepUp(t *testing.T) {
 		t.Errorf("a pod that keeps up: ratios %v, reference %v; want one ratio and the higher latency 0.025", st.latencyRatios, st.latency)
 	}
 }
+
+// A pod whose latency rings the alarm alone, while no other pod is held,
+// has its weight halved for its spell, into the room the other pods have
+// below suspectUtil; a pod that rings with another, or while another is
+// held, and a busy Service, get LEAST_REQUEST only.
+func TestSuspectCut(t *testing.T) {
+	pods := drainPods()
+	ring := func(e *Engine, at time.Time, total float64, recent map[string]float64) Result {
+		obs := withLatency(servedObs(at, e.live, total, nil, nil), recent)
+		obs.Early = true
+		res := cycle(e, pods, obs)
+		if res.Learned {
+			t.Fatalf("an alarm's cycle reported Learned: %s", res.Message)
+		}
+		return res
+	}
+	t.Run("one pod alone is halved", func(t *testing.T) {
+		e, now := alarmEngine(t)
+		res := ring(e, now.Add(5*time.Second), 400, map[string]float64{"c": 0.2})
+		if r := float64(res.Weights["c"]) / float64(res.Weights["a"]); math.Abs(r-suspectCut) > 0.02 {
+			t.Errorf("c's weight is %.3f of a's, want %v: %v", r, suspectCut, res.Weights)
+		}
+		if !strings.Contains(res.Message, "the weight of c, whose latency rang the alarm alone, cut to 50% of its capacity") {
+			t.Errorf("message does not say c was cut: %s", res.Message)
+		}
+		// Its latency is back under the alarm: the spell and the cut end.
+		res = cycle(e, pods, withLatency(servedObs(now.Add(10*time.Second), e.live, 400, nil, nil), map[string]float64{"c": 0.03}))
+		if !res.Learned || res.Weights["c"] != res.Weights["a"] {
+			t.Errorf("c back under the alarm: learned %v, weights %v; want Learned and c's weight back", res.Learned, res.Weights)
+		}
+	})
+	t.Run("two pods at once", func(t *testing.T) {
+		e, now := alarmEngine(t)
+		res := ring(e, now.Add(5*time.Second), 400, map[string]float64{"c": 0.2, "d": 0.2})
+		if res.Weights["c"] != res.Weights["a"] || res.Weights["d"] != res.Weights["a"] {
+			t.Errorf("c and d rang together: weights %v, want none cut", res.Weights)
+		}
+	})
+	t.Run("while another is held", func(t *testing.T) {
+		e, now := alarmEngine(t)
+		ring(e, now.Add(5*time.Second), 400, map[string]float64{"c": 0.2})
+		res := ring(e, now.Add(10*time.Second), 400, map[string]float64{"c": 0.2, "d": 0.2})
+		if res.Weights["d"] != res.Weights["a"] || res.Weights["c"] >= res.Weights["a"] {
+			t.Errorf("d rang while c was cut: weights %v, want c cut and d not", res.Weights)
+		}
+	})
+	t.Run("no room in a busy Service", func(t *testing.T) {
+		// 720 requests a second at 100 per CPU-second: the pods run at 90%
+		// of their 2 cores, above suspectUtil.
+		e := New(capacityParams())
+		now := t0
+		e.Applied(now, e.Weights(now, pods))
+		for range 6 {
+			now = now.Add(quiet)
+			cycle(e, pods, withLatency(servedObs(now, e.live, 720, nil, nil), nil))
+		}
+		res := ring(e, now.Add(5*time.Second), 720, map[string]float64{"c": 0.2})
+		if res.Weights["c"] != res.Weights["a"] || strings.Contains(res.Message, "cut to") {
+			t.Errorf("c rang with the others at 90%%: weights %v, %s; want no cut", res.Weights, res.Message)
+		}
+	})
+	t.Run("not in a dry run", func(t *testing.T) {
+		// Nothing is ever applied: the weights are computed, not live.
+		e := New(capacityParams())
+		now := t0
+		live := map[string]uint32{"a": 100, "b": 100, "c": 100, "d": 100}
+		for range 6 {
+			now = now.Add(quiet)
+			e.Update(pods, withLatency(servedObs(now, live, 400, nil, nil), nil))
+		}
+		obs := withLatency(servedObs(now.Add(5*time.Second), live, 400, nil, nil), map[string]float64{"c": 0.2})
+		obs.Early = true
+		res := e.Update(pods, obs)
+		if res.Weights["c"] != res.Weights["a"] || strings.Contains(res.Message, "cut to") {
+			t.Errorf("dry run: c's weight cut: %v, %s", res.Weights, res.Message)
+		}
+		if !strings.Contains(res.Message, "(c first)") {
+			t.Errorf("dry run: c not held: %s", res.Message)
+		}
+	})
+}

@@ -53,6 +53,14 @@ const (
 	// the pod's capacity: clients time out long before, so a larger
 	// shortfall was dropped, not queued.
 	maxBacklogSeconds = 60
+	// suspectUtil is the utilisation up to which the other pods may be
+	// loaded to take a suspect's cut (see suspectCut): below drainUtil,
+	// since a suspicion is sometimes a passing surge, where a measured
+	// backlog is not. At 90% load there is no room, and a surge there
+	// rings now and then (up to 6.7x in the bench's 90% files), which a
+	// cut made costly (hetero3-90-nolimits 0.90x the oracle's p99 on
+	// average over seeds 1-16 without a cut, 0.95x cutting at any load).
+	suspectUtil = 0.85
 	// maxBacklogPoints bounds the backlog history kept per pod.
 	maxBacklogPoints = 16
 )
@@ -204,9 +212,11 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 // its CPU at its limit, below its capacity, so that the backlog would
 // clear within DrainTime: the pod is sent its capacity minus the backlog
 // over DrainTime (at least a little). The traffic taken off goes to the
-// other pods, at most as much as keeps them below drainUtil. It returns
-// the drained pods and the largest backlog, for the message.
-func (e *Engine) drainProposal(set []Pod, sig signals, ds drainState, proposal []float64) (drained []string, worst string, worstQ float64) {
+// other pods, at most as much as keeps them below drainUtil. A suspect
+// whose alarm cut its weight (see suspectCut) is then cut, into the room
+// the others have left below suspectUtil. It returns the drained pods, the
+// cut ones and the largest backlog, for the message.
+func (e *Engine) drainProposal(now time.Time, set []Pod, sig signals, ds drainState, proposal []float64) (drained, cut []string, worst string, worstQ float64) {
 	factors := make([]float64, len(set))
 	for i := range factors {
 		factors[i] = 1
@@ -238,44 +248,26 @@ func (e *Engine) drainProposal(set []Pod, sig signals, ds drainState, proposal [
 			if math.IsNaN(f) {
 				f = 1
 			}
-			factors[i] = min(max(f, minDrain), 1)
-			if factors[i] > negligibleDrain {
-				factors[i] = 1
-			}
+			factors[i] = drainFactor(f)
 		}
-		// What the others can take.
-		taken, othersSend, cpu, cores := 0.0, 0.0, 0.0, 0.0
+		// A suspect's cut, where it goes below the drain: cuts[i] is the
+		// factor on top of the drain, 0 for none.
+		cuts := make([]float64, len(set))
+		drainedSends := make([]float64, len(set))
 		for i, pod := range set {
-			if factors[i] < 1 {
-				taken += (1 - factors[i]) * sendsAtCapacity[i]
-				continue
-			}
-			othersSend += sendsAtCapacity[i]
-			if c := e.coresOf(pod); sig.pods[i].hasCPU && c > 0 {
-				cpu += sig.pods[i].cpu
-				cores += c
+			drainedSends[i] = sendsAtCapacity[i] * factors[i]
+			if st := e.pods[pod.Name]; st != nil && st.cut > 0 && st.cut < factors[i] && now.Before(st.suspectUntil) {
+				cuts[i] = st.cut / factors[i]
 			}
 		}
-		use := drainUtil * 0.9 // unknown: assume a little room
-		if cores > 0 {
-			use = cpu / cores
-		}
-		room := 0.0
-		if use > 0 {
-			room = max(0, othersSend*(drainUtil/use-1))
-		}
-		if taken > room {
-			cut := room / taken
-			if !(cut >= 0) {
-				cut = 0
-			}
-			for i := range factors {
-				if factors[i] < 1 {
-					factors[i] = 1 - (1-factors[i])*cut
-					if factors[i] > negligibleDrain {
-						factors[i] = 1
-					}
-				}
+		// What the others can take: the drains up to drainUtil, then the
+		// cuts up to suspectUtil, less what the drains gave them.
+		taken := e.fitDrains(set, sig, sendsAtCapacity, factors, cuts, drainUtil, 0)
+		e.fitDrains(set, sig, drainedSends, cuts, factors, suspectUtil, taken)
+		for i, pod := range set {
+			if f := drainFactor(factors[i] * cuts[i]); cuts[i] > 0 && f < factors[i] {
+				factors[i] = f
+				cut = append(cut, pod.Name)
 			}
 		}
 	}
@@ -287,13 +279,76 @@ func (e *Engine) drainProposal(set []Pod, sig signals, ds drainState, proposal [
 		st.drain = factors[i]
 		if factors[i] < 1 {
 			proposal[i] *= factors[i]
+			if slices.Contains(cut, pod.Name) {
+				continue
+			}
 			drained = append(drained, pod.Name)
 			if st.backlog > worstQ || worst == "" {
 				worst, worstQ = pod.Name, st.backlog
 			}
 		}
 	}
-	return drained, worst, worstQ
+	return drained, cut, worst, worstQ
+}
+
+// drainFactor clamps a drain factor: at least minDrain, and 1 when the
+// drain is too small to be worth a write.
+func drainFactor(f float64) float64 {
+	f = min(max(f, minDrain), 1)
+	if f > negligibleDrain {
+		return 1
+	}
+	return f
+}
+
+// fitDrains scales the factors below 1 (the pods they take traffic off,
+// each pod's sendsAtCapacity times 1 minus its factor) toward 1 until
+// what they take fits the room the other pods have below util, less the
+// given traffic already placed on them. Pods with a factor below 1 in
+// either factors or also are not others: they are drained or cut. It
+// returns the traffic the factors take after scaling. A factor of 0 in
+// factors stands for none.
+func (e *Engine) fitDrains(set []Pod, sig signals, sendsAtCapacity, factors, also []float64, util, placed float64) float64 {
+	taken, othersSend, cpu, cores := 0.0, 0.0, 0.0, 0.0
+	for i, pod := range set {
+		f, g := factors[i], also[i]
+		if f > 0 && f < 1 {
+			taken += (1 - f) * sendsAtCapacity[i]
+			continue
+		}
+		if g > 0 && g < 1 {
+			continue
+		}
+		othersSend += sendsAtCapacity[i]
+		if c := e.coresOf(pod); sig.pods[i].hasCPU && c > 0 {
+			cpu += sig.pods[i].cpu
+			cores += c
+		}
+	}
+	use := drainUtil * 0.9 // unknown: assume a little room
+	if cores > 0 {
+		use = cpu / cores
+	}
+	room := 0.0
+	if use > 0 {
+		room = max(0, othersSend*(util/use-1)-placed)
+	}
+	if taken <= room {
+		return taken
+	}
+	scale := room / taken
+	if !(scale >= 0) {
+		scale = 0
+	}
+	for i := range factors {
+		if f := factors[i]; f > 0 && f < 1 {
+			factors[i] = 1 - (1-f)*scale
+			if factors[i] > negligibleDrain {
+				factors[i] = 1
+			}
+		}
+	}
+	return room
 }
 
 // drainForced reports, per pod, whether its weight must be written
@@ -331,14 +386,19 @@ func (st *podState) liveDrainOr1() float64 {
 	return 1
 }
 
-// drainMessage describes the drains of this cycle.
-func drainMessage(drained []string, worst string, worstQ float64) string {
+// drainMessage describes the drains and cuts of this cycle.
+func (e *Engine) drainMessage(drained, cut []string, worst string, worstQ float64) string {
+	msg := ""
+	if len(cut) > 0 {
+		msg = fmt.Sprintf("; the weight of %s, whose latency rang the alarm alone, cut to %.0f%% of its capacity",
+			cut[0], 100*e.pods[cut[0]].drain)
+	}
 	if len(drained) == 0 {
-		return ""
+		return msg
 	}
 	if worstQ > 0 {
-		return fmt.Sprintf("; draining %d pod(s) with a backlog or at their CPU limit (largest backlog: %s, about %.0f requests)",
+		return msg + fmt.Sprintf("; draining %d pod(s) with a backlog or at their CPU limit (largest backlog: %s, about %.0f requests)",
 			len(drained), worst, worstQ)
 	}
-	return fmt.Sprintf("; draining %d pod(s) at their CPU limit (%s first)", len(drained), worst)
+	return msg + fmt.Sprintf("; draining %d pod(s) at their CPU limit (%s first)", len(drained), worst)
 }

@@ -130,6 +130,9 @@ type podState struct {
 	// Learned stays false (see noteSuspects).
 	suspectUntil   time.Time
 	suspectLatency float64
+	// cut is the factor the alarm that started the current spell cut the
+	// pod's weight by (see suspectCut), 0 when none.
+	cut float64
 	// drain is the factor (below 1) the pod's weight is drained by this
 	// cycle, liveDrain the one in the reference weights; 0 means none.
 	drain, liveDrain float64
@@ -311,7 +314,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 	suspects := e.noteSuspects(now, set, obs)
 	proposal := e.capacityProposal(now, set)
-	drained, worst, worstQ := e.drainProposal(set, sig, ds, proposal)
+	drained, cut, worst, worstQ := e.drainProposal(now, set, sig, ds, proposal)
 	for i, pod := range set {
 		st := e.state(pod.Name)
 		st.hot = ds.hot[i]
@@ -333,7 +336,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		res.Message = fmt.Sprintf("%sOptimizing: weights moved by up to %.1f%%; learned from %d of %d pods using %s",
 			prefix, 100*res.maxMove, learnedFrom, len(set), source)
 	}
-	res.Message += drainMessage(drained, worst, worstQ)
+	res.Message += e.drainMessage(drained, cut, worst, worstQ)
 	res.Message += e.suspectMessage(now, set, suspects)
 	if res.Unlearned > 0 {
 		res.Message += fmt.Sprintf("; %d pod(s) without a CPU limit or node CPU data are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", res.Unlearned)
