@@ -3,6 +3,7 @@ package weights
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -44,19 +45,25 @@ const alarmLatency = 2
 // rings (see noteSuspects), for as long as it stays a suspect. LEAST_REQUEST
 // steers around a queue by each sidecar's own count of its active
 // requests: with many clients each sees a small part of the pod's queue,
-// and a pod weighted at twice its new speed keeps a queue of about one
-// request per client (the slowdown with 128 clients: p99.9 4-15 s). Only
-// its weight sends it less. A pod whose latency doubled cannot keep up
-// with what it is sent: halving it stops its queue growing for a slowdown
-// of up to 2x, and leaves LEAST_REQUEST a pod weighted at 1.5x its speed
-// for a slowdown of 3x, a third of the queue. The windows then show the
+// and a pod weighted at k times its new speed keeps a queue of about k-1
+// requests per client (the slowdown with 128 clients, k = 2.4: p99.9
+// 4.5-15 s). Only its weight sends it less. A pod whose latency doubled
+// cannot keep up with what it is sent: halving it stops its queue growing
+// for a slowdown of up to 2x, and leaves a pod slowed to a third at 80%
+// load weighted at 1.2x its speed, a seventh of the excess. The windows then show the
 // pod's speed and backlog, and the drain takes over (see drainProposal).
 // A passing surge costs the other pods half its share until its latency
 // is back under the alarm, so the cut takes only the room they have below
-// suspectUtil.
+// suspectUtil. The cut applies whatever the load balancer (a regular cycle
+// marks suspects under LEAST_REQUEST too), and only while the weights are
+// the engine's own (not in a dry run, nor after a failed write).
+//
+// A cut that brings the pod's latency back under the alarm ends the spell
+// and the cut with it; if the pod is still slower, its latency rings again
+// and it is cut again, until the windows show its speed.
 //
 // Only one pod's own change is cut: when it is the only one that rings and
-// no pod was already drained, cut or a suspect. A pod whose latency rises
+// no other pod was already drained, cut or a suspect. A pod whose latency rises
 // while another is held may be taking that pod's traffic, and cutting it
 // too moves the overload around (the slowdown on seed 2 with 128 clients:
 // p99 1.15x without the cut, 1.92x cutting every ringing pod).
@@ -113,19 +120,17 @@ func (st *podState) rings(r float64) bool {
 // instead of its latency becoming the reference the alarm compares with.
 func (e *Engine) noteSuspects(now time.Time, set []Pod, obs Observation) []string {
 	fresh := e.fresh()
-	var names []string
-	held := false // some pod was already drained, cut or a suspect
+	var names, held []string // held: already drained, cut or a suspect
 	for _, p := range set {
 		st := e.pods[p.Name]
 		if st == nil {
 			continue
 		}
 		if st.drainOr1() < 1 || st.liveDrainOr1() < 1 || now.Before(st.suspectUntil) {
-			held = true
+			held = append(held, p.Name)
 		}
 		r := obs.Signals[p.Name].RecentLatency
 		if fresh && st.rings(r) {
-			st.cut = 0
 			st.suspectUntil, st.suspectLatency = now.Add(e.params.horizon()), st.latency
 			names = append(names, p.Name)
 			continue
@@ -134,8 +139,12 @@ func (e *Engine) noteSuspects(now time.Time, set []Pod, obs Observation) []strin
 			st.suspectUntil, st.cut = time.Time{}, 0
 		}
 	}
-	if len(names) == 1 && !held {
+	if len(names) == 1 && !slices.ContainsFunc(held, func(n string) bool { return n != names[0] }) {
 		e.pods[names[0]].cut = suspectCut
+	} else {
+		for _, name := range names {
+			e.pods[name].cut = 0
+		}
 	}
 	return names
 }

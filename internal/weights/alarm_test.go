@@ -426,8 +426,38 @@ func TestSuspectCut(t *testing.T) {
 			cycle(e, pods, withLatency(servedObs(now, e.live, 720, nil, nil), nil))
 		}
 		res := ring(e, now.Add(5*time.Second), 720, map[string]float64{"c": 0.2})
+		if !strings.Contains(res.Message, "(c first)") {
+			t.Fatalf("c at 10x did not ring: %s", res.Message)
+		}
 		if res.Weights["c"] != res.Weights["a"] || strings.Contains(res.Message, "cut to") {
 			t.Errorf("c rang with the others at 90%%: weights %v, %s; want no cut", res.Weights, res.Message)
+		}
+	})
+	t.Run("as far as the others have room", func(t *testing.T) {
+		// At 80% the others (three quarters of the traffic) may take
+		// 0.75*(0.85/0.8-1) = 4.7% of it; half of c's quarter is 12.5%:
+		// c keeps 1-0.5*4.7/12.5 = 0.8125 of its weight.
+		e := New(capacityParams())
+		now := t0
+		e.Applied(now, e.Weights(now, pods))
+		for range 6 {
+			now = now.Add(quiet)
+			cycle(e, pods, withLatency(servedObs(now, e.live, 640, nil, nil), nil))
+		}
+		res := ring(e, now.Add(5*time.Second), 640, map[string]float64{"c": 0.2})
+		if r := float64(res.Weights["c"]) / float64(res.Weights["a"]); math.Abs(r-0.8125) > 0.02 {
+			t.Errorf("c's weight is %.3f of a's, want 0.8125: %v, %s", r, res.Weights, res.Message)
+		}
+	})
+	t.Run("until the spell ends", func(t *testing.T) {
+		e, now := alarmEngine(t)
+		at := now.Add(5 * time.Second)
+		ring(e, at, 400, map[string]float64{"c": 0.2})
+		// Still slow, but the windows now cover the time since the alarm
+		// and show c keeping up: the spell ends, and the cut with it.
+		res := cycle(e, pods, withLatency(servedObs(at.Add(e.params.horizon()), e.live, 400, nil, nil), map[string]float64{"c": 0.2}))
+		if res.Weights["c"] != res.Weights["a"] || strings.Contains(res.Message, "cut to") {
+			t.Errorf("after the spell: weights %v, %s; want c's weight back", res.Weights, res.Message)
 		}
 	})
 	t.Run("not in a dry run", func(t *testing.T) {

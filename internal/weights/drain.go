@@ -56,7 +56,8 @@ const (
 	// suspectUtil is the utilisation up to which the other pods may be
 	// loaded to take a suspect's cut (see suspectCut): below drainUtil,
 	// since a suspicion is sometimes a passing surge, where a measured
-	// backlog is not. At 90% load there is no room, and a surge there
+	// backlog is not. When the others' cores are unknown their use is
+	// taken as 0.855 (see fitDrains), above it: no cut. At 90% load there is no room, and a surge there
 	// rings now and then (up to 6.7x in the bench's 90% files), which a
 	// cut made costly (hetero3-90-nolimits 0.90x the oracle's p99 on
 	// average over seeds 1-16 without a cut, 0.95x cutting at any load).
@@ -217,7 +218,8 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 // the others have left below suspectUtil. It returns the drained pods, the
 // cut ones and the largest backlog, for the message.
 func (e *Engine) drainProposal(now time.Time, set []Pod, sig signals, ds drainState, proposal []float64) (drained, cut []string, worst string, worstQ float64) {
-	factors := make([]float64, len(set))
+	factors := make([]float64, len(set)) // the drains
+	cuts := make([]float64, len(set))    // the cuts on top of them, 0 for none
 	for i := range factors {
 		factors[i] = 1
 	}
@@ -250,9 +252,10 @@ func (e *Engine) drainProposal(now time.Time, set []Pod, sig signals, ds drainSt
 			}
 			factors[i] = drainFactor(f)
 		}
-		// A suspect's cut, where it goes below the drain: cuts[i] is the
-		// factor on top of the drain, 0 for none.
-		cuts := make([]float64, len(set))
+		// What the others can take: the drains up to drainUtil, then a
+		// suspect's cut, where it goes below its drain, up to suspectUtil,
+		// less what the drains gave them.
+		taken := e.fitDrains(set, sig, sendsAtCapacity, factors, nil, drainUtil, 0)
 		drainedSends := make([]float64, len(set))
 		for i, pod := range set {
 			drainedSends[i] = sendsAtCapacity[i] * factors[i]
@@ -260,28 +263,21 @@ func (e *Engine) drainProposal(now time.Time, set []Pod, sig signals, ds drainSt
 				cuts[i] = st.cut / factors[i]
 			}
 		}
-		// What the others can take: the drains up to drainUtil, then the
-		// cuts up to suspectUtil, less what the drains gave them.
-		taken := e.fitDrains(set, sig, sendsAtCapacity, factors, cuts, drainUtil, 0)
 		e.fitDrains(set, sig, drainedSends, cuts, factors, suspectUtil, taken)
-		for i, pod := range set {
-			if f := drainFactor(factors[i] * cuts[i]); cuts[i] > 0 && f < factors[i] {
-				factors[i] = f
-				cut = append(cut, pod.Name)
-			}
-		}
 	}
 	for i, pod := range set {
 		st := e.pods[pod.Name]
 		if st == nil {
 			continue
 		}
-		st.drain = factors[i]
+		f := factors[i]
+		if g := drainFactor(f * cuts[i]); cuts[i] > 0 && g < f {
+			f = g
+			cut = append(cut, pod.Name)
+		}
+		st.drain = f
+		proposal[i] *= f
 		if factors[i] < 1 {
-			proposal[i] *= factors[i]
-			if slices.Contains(cut, pod.Name) {
-				continue
-			}
 			drained = append(drained, pod.Name)
 			if st.backlog > worstQ || worst == "" {
 				worst, worstQ = pod.Name, st.backlog
@@ -301,25 +297,29 @@ func drainFactor(f float64) float64 {
 	return f
 }
 
-// fitDrains scales the factors below 1 (the pods they take traffic off,
-// each pod's sendsAtCapacity times 1 minus its factor) toward 1 until
-// what they take fits the room the other pods have below util, less the
-// given traffic already placed on them. Pods with a factor below 1 in
-// either factors or also are not others: they are drained or cut. It
-// returns the traffic the factors take after scaling. A factor of 0 in
-// factors stands for none.
-func (e *Engine) fitDrains(set []Pod, sig signals, sendsAtCapacity, factors, also []float64, util, placed float64) float64 {
+// fitDrains scales the factors below 1 (each takes sends[i] times 1
+// minus its factor off its pod; 0 stands for none) toward 1 until what
+// they take fits the room the other pods have below util, less the
+// traffic placed on them already. The others are the pods with no factor
+// below 1 in factors nor in also (nil for none). It returns the traffic
+// the factors take after scaling.
+func (e *Engine) fitDrains(set []Pod, sig signals, sends, factors, also []float64, util, placed float64) float64 {
+	taking := func(i int) float64 {
+		if f := factors[i]; f > 0 && f < 1 {
+			return (1 - f) * sends[i]
+		}
+		return 0
+	}
 	taken, othersSend, cpu, cores := 0.0, 0.0, 0.0, 0.0
 	for i, pod := range set {
-		f, g := factors[i], also[i]
-		if f > 0 && f < 1 {
-			taken += (1 - f) * sendsAtCapacity[i]
+		if f := factors[i]; f > 0 && f < 1 {
+			taken += taking(i)
 			continue
 		}
-		if g > 0 && g < 1 {
+		if also != nil && also[i] > 0 && also[i] < 1 {
 			continue
 		}
-		othersSend += sendsAtCapacity[i]
+		othersSend += sends[i]
 		if c := e.coresOf(pod); sig.pods[i].hasCPU && c > 0 {
 			cpu += sig.pods[i].cpu
 			cores += c
@@ -340,15 +340,14 @@ func (e *Engine) fitDrains(set []Pod, sig signals, sendsAtCapacity, factors, als
 	if !(scale >= 0) {
 		scale = 0
 	}
+	taken = 0
 	for i := range factors {
 		if f := factors[i]; f > 0 && f < 1 {
-			factors[i] = 1 - (1-f)*scale
-			if factors[i] > negligibleDrain {
-				factors[i] = 1
-			}
+			factors[i] = drainFactor(1 - (1-f)*scale)
+			taken += taking(i)
 		}
 	}
-	return room
+	return taken
 }
 
 // drainForced reports, per pod, whether its weight must be written
