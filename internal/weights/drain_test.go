@@ -119,6 +119,41 @@ func TestPodAtItsLimitIsDrainedUntilItsCPUDrops(t *testing.T) {
 	}
 }
 
+// Without request rates nothing measures how far over its capacity a pod
+// at its limit was: its drain is released by halves (in log terms) while
+// its CPU stays below the limit.
+func TestHotDrainReleasedByHalvesOnCPUAlone(t *testing.T) {
+	pods := drainPods()
+	cpuAlone := func(obs Observation) Observation {
+		for name, s := range obs.Signals {
+			s.Requests = math.NaN()
+			obs.Signals[name] = s
+		}
+		return obs
+	}
+	e := New(capacityParams())
+	now := t0
+	e.Applied(now, e.Weights(now, pods))
+	for range 6 {
+		now = now.Add(quiet)
+		cycle(e, pods, cpuAlone(servedObs(now, e.live, 400, nil, nil)))
+	}
+	now = now.Add(quiet)
+	obs := cpuAlone(servedObs(now, e.live, 400, nil, nil))
+	obs.Signals["a"] = Signal{CPU: 2, Requests: math.NaN()}
+	res := cycle(e, pods, obs)
+	if got := float64(res.Weights["a"]) / float64(res.Weights["b"]); !near(got, hotDrain, 0.02) {
+		t.Fatalf("a at its limit: a/b = %.3f, want %.2f (%s)", got, hotDrain, res.Message)
+	}
+	for _, want := range []float64{math.Sqrt(hotDrain), math.Sqrt(math.Sqrt(hotDrain)), 1} {
+		now = now.Add(quiet)
+		res = cycle(e, pods, cpuAlone(servedObs(now, e.live, 400, nil, nil)))
+		if got := float64(res.Weights["a"]) / float64(res.Weights["b"]); !near(got, want, 0.02) {
+			t.Errorf("a below its limit: a/b = %.3f, want %.3f (%s)", got, want, res.Message)
+		}
+	}
+}
+
 // Shortfalls the sampling of two rates can explain are not backlogs.
 func TestSmallShortfallsAreNotBacklogs(t *testing.T) {
 	pods := drainPods()

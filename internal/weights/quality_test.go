@@ -51,10 +51,25 @@ func TestConvergesFromEqualWeightsWithinThreeCycles(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/phase %v", name, phase), func(t *testing.T) {
 				cfg.speeds, cfg.load, cfg.phase = hetero12(), 0.8, phase
 				l := newClosedLoop(t, cfg)
-				cycles := runUntilConverged(l, 3)
+				// On CPU alone the pods the equal weights overloaded are
+				// drained at first and released by halves over the next
+				// cycles (see hotDrain): one cycle more, with a smaller
+				// error on the way (6.4% at most here, against 13% when a
+				// drain was released at once).
+				budget := 3
+				if !cfg.useRequests {
+					budget = 4
+				}
+				cycles := runUntilConverged(l, budget)
 				t.Logf("within 5%% after %d cycle(s), error %.3f", cycles, l.shareError())
 				if cycles < 0 {
-					t.Fatalf("share error %.3f after 3 cycles, want <= %.2f", l.shareError(), convergedWithin)
+					t.Fatalf("share error %.3f after %d cycles, want <= %.2f", l.shareError(), budget, convergedWithin)
+				}
+				for ; cycles < budget; cycles++ {
+					l.step()
+				}
+				if l.shareError() > convergedWithin {
+					t.Fatalf("share error %.3f after %d cycles, want <= %.2f", l.shareError(), budget, convergedWithin)
 				}
 				// It stays converged, and steady state is quiet.
 				writes := 0
