@@ -25,13 +25,20 @@ func withLatency(obs Observation, recent map[string]float64) Observation {
 // of their CPU with their latencies, and the time of its last cycle.
 func alarmEngine(t *testing.T) (*Engine, time.Time) {
 	t.Helper()
+	return alarmEngineAt(t, 400)
+}
+
+// alarmEngineAt is alarmEngine with the clients sending total requests a
+// second (at 100 per CPU-second: 800 keep the four pods' 8 cores busy).
+func alarmEngineAt(t *testing.T, total float64) (*Engine, time.Time) {
+	t.Helper()
 	e := New(capacityParams())
 	now := t0
 	pods := drainPods()
 	e.Applied(now, e.Weights(now, pods))
 	for range 6 {
 		now = now.Add(quiet)
-		res := cycle(e, pods, withLatency(servedObs(now, e.live, 400, nil, nil), nil))
+		res := cycle(e, pods, withLatency(servedObs(now, e.live, total, nil, nil), nil))
 		if res.Changed || !res.Learned {
 			t.Fatalf("equal pods at half load: changed %v, learned %v: %s", res.Changed, res.Learned, res.Message)
 		}
@@ -416,15 +423,8 @@ func TestSuspectCut(t *testing.T) {
 		}
 	})
 	t.Run("no room in a busy Service", func(t *testing.T) {
-		// 720 requests a second at 100 per CPU-second: the pods run at 90%
-		// of their 2 cores, above suspectUtil.
-		e := New(capacityParams())
-		now := t0
-		e.Applied(now, e.Weights(now, pods))
-		for range 6 {
-			now = now.Add(quiet)
-			cycle(e, pods, withLatency(servedObs(now, e.live, 720, nil, nil), nil))
-		}
+		// The pods run at 90% of their 2 cores, above suspectUtil.
+		e, now := alarmEngineAt(t, 720)
 		res := ring(e, now.Add(5*time.Second), 720, map[string]float64{"c": 0.2})
 		if !strings.Contains(res.Message, "(c first)") {
 			t.Fatalf("c at 10x did not ring: %s", res.Message)
@@ -437,13 +437,7 @@ func TestSuspectCut(t *testing.T) {
 		// At 80% the others (three quarters of the traffic) may take
 		// 0.75*(0.85/0.8-1) = 4.7% of it; half of c's quarter is 12.5%:
 		// c keeps 1-0.5*4.7/12.5 = 0.8125 of its weight.
-		e := New(capacityParams())
-		now := t0
-		e.Applied(now, e.Weights(now, pods))
-		for range 6 {
-			now = now.Add(quiet)
-			cycle(e, pods, withLatency(servedObs(now, e.live, 640, nil, nil), nil))
-		}
+		e, now := alarmEngineAt(t, 640)
 		res := ring(e, now.Add(5*time.Second), 640, map[string]float64{"c": 0.2})
 		if r := float64(res.Weights["c"]) / float64(res.Weights["a"]); math.Abs(r-0.8125) > 0.02 {
 			t.Errorf("c's weight is %.3f of a's, want 0.8125: %v, %s", r, res.Weights, res.Message)
