@@ -126,27 +126,28 @@ func (e *Engine) noteSuspects(now time.Time, set []Pod, obs Observation) []strin
 		if st == nil {
 			continue
 		}
-		if st.drainOr1() < 1 || st.liveDrainOr1() < 1 || now.Before(st.suspectUntil) {
+		if st.offCapacity() || st.suspect(now) {
 			held = append(held, p.Name)
 		}
 		r := obs.Signals[p.Name].RecentLatency
 		if fresh && st.rings(r) {
-			st.suspectUntil, st.suspectLatency = now.Add(e.params.horizon()), st.latency
+			st.suspectUntil, st.suspectLatency, st.cut = now.Add(e.params.horizon()), st.latency, false
 			names = append(names, p.Name)
 			continue
 		}
-		if now.Before(st.suspectUntil) && usable(r) && r > 0 && !st.alarmed(r/st.suspectLatency) {
-			st.suspectUntil, st.cut = time.Time{}, 0
+		if st.suspect(now) && usable(r) && r > 0 && !st.alarmed(r/st.suspectLatency) {
+			st.suspectUntil = time.Time{}
 		}
 	}
 	if len(names) == 1 && !slices.ContainsFunc(held, func(n string) bool { return n != names[0] }) {
-		e.pods[names[0]].cut = suspectCut
-	} else {
-		for _, name := range names {
-			e.pods[name].cut = 0
-		}
+		e.pods[names[0]].cut = true
 	}
 	return names
+}
+
+// suspect reports whether the pod is a suspect at now (see noteSuspects).
+func (st *podState) suspect(now time.Time) bool {
+	return now.Before(st.suspectUntil)
 }
 
 // suspectMessage explains the pods held as suspects (see noteSuspects):
@@ -157,7 +158,7 @@ func (e *Engine) suspectMessage(now time.Time, set []Pod, marked []string) strin
 			len(marked), marked[0], e.params.horizon())
 	}
 	for _, p := range set {
-		if st := e.pods[p.Name]; st != nil && now.Before(st.suspectUntil) {
+		if st := e.pods[p.Name]; st != nil && st.suspect(now) {
 			return fmt.Sprintf("; %s's latency rang the alarm: LEAST_REQUEST until it is back under the alarm or the query window covers the change, at most %v from now",
 				p.Name, st.suspectUntil.Sub(now).Round(time.Second))
 		}

@@ -274,8 +274,8 @@ func (e *Engine) drainProposal(now time.Time, set []Pod, sig signals, ds drainSt
 		drainedSends := make([]float64, len(set))
 		for i, pod := range set {
 			drainedSends[i] = sendsAtCapacity[i] * factors[i]
-			if st := e.pods[pod.Name]; st != nil && st.cut > 0 && st.cut < factors[i] && now.Before(st.suspectUntil) {
-				cuts[i] = st.cut / factors[i]
+			if st := e.pods[pod.Name]; st != nil && st.cut && st.suspect(now) && suspectCut < factors[i] {
+				cuts[i] = suspectCut / factors[i]
 			}
 		}
 		e.fitDrains(set, sig, drainedSends, cuts, factors, suspectUtil, taken)
@@ -384,6 +384,12 @@ func (e *Engine) drainForced(set []Pod) []bool {
 		}
 	}
 	return out
+}
+
+// offCapacity reports whether the pod is drained now or in the reference
+// weights.
+func (st *podState) offCapacity() bool {
+	return st.drainOr1() < 1 || st.liveDrainOr1() < 1
 }
 
 func (st *podState) drainOr1() float64 {

@@ -130,10 +130,9 @@ type podState struct {
 	// Learned stays false (see noteSuspects).
 	suspectUntil   time.Time
 	suspectLatency float64
-	// cut is the factor the alarm that started the pod's spell cut its
-	// weight by (see suspectCut), 0 when none; it applies until
-	// suspectUntil.
-	cut float64
+	// cut: the alarm that started the pod's spell cut its weight by
+	// suspectCut; it applies while the pod is a suspect.
+	cut bool
 	// drain is the factor (below 1) the pod's weight is drained by this
 	// cycle, liveDrain the one in the reference weights; 0 means none.
 	drain, liveDrain float64

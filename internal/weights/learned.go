@@ -55,7 +55,7 @@ func (e *Engine) learned(now time.Time, set []Pod, w map[string]uint32, mode Mod
 	}
 	unsettled := 0.0
 	for _, pod := range set {
-		if st := e.pods[pod.Name]; st != nil && (st.hot || st.drainOr1() < 1 || st.blind || now.Before(st.suspectUntil)) {
+		if st := e.pods[pod.Name]; st != nil && (st.hot || st.drainOr1() < 1 || st.blind || st.suspect(now)) {
 			// Overloaded, with a backlog, or where an overload would not
 			// show (CPU alone and no ceiling, see markBlind): whatever its
 			// share, a queue grows or may grow there, which LEAST_REQUEST

@@ -100,7 +100,7 @@ func (e *Engine) offCapacity(set []Pod) []bool {
 	out := make([]bool, len(set))
 	for i, pod := range set {
 		if st := e.pods[pod.Name]; st != nil {
-			out[i] = st.drainOr1() < 1 || st.liveDrainOr1() < 1
+			out[i] = st.offCapacity()
 		}
 	}
 	return out
