@@ -112,3 +112,7 @@ constant $w/alarm.go suspectCut 0.5 0.25
 constant $w/alarm.go suspectCut 0.5 1
 constant $w/drain.go suspectUtil 0.85 0.425
 constant $w/drain.go suspectUtil 0.85 0.95
+constant $w/bands.go loadBandFrom 0.7 0.35
+constant $w/bands.go loadBandFrom 0.7 0.95
+constant $w/bands.go minLoadBand 0.5 0.25
+constant $w/bands.go minLoadBand 0.5 1

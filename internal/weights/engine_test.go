@@ -3,6 +3,7 @@ package weights
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"reflect"
 	"strings"
@@ -550,6 +551,82 @@ func TestCanonicalPodsIgnoresOrderForEveryField(t *testing.T) {
 			one, other := canonicalPods([]Pod{a, b}), canonicalPods([]Pod{b, a})
 			if len(one) != 1 || !reflect.DeepEqual(one, other) {
 				t.Errorf("canonicalPods kept %+v for one order and %+v for the other", one, other)
+			}
+		})
+	}
+}
+
+func TestLoadNarrowing(t *testing.T) {
+	for _, tc := range []struct {
+		rho          float64
+		fromRequests bool
+		want         float64
+	}{
+		{0, true, 1},
+		{0.5, true, 1},
+		{0.7, true, 1},
+		{0.75, true, (0.25 / 0.75) / (0.3 / 0.7)},
+		{0.8, true, (0.2 / 0.8) / (0.3 / 0.7)},
+		{0.85, true, 0.5}, // 0.41, floored at minLoadBand
+		{0.95, true, 0.5},
+		{1.3, true, 0.5}, // overloaded
+		{0.85, false, 1}, // CPU alone: never narrowed
+		{math.NaN(), true, 1},
+		{math.Inf(1), true, 1},
+	} {
+		if got := loadNarrowing(tc.rho, tc.fromRequests); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("loadNarrowing(%v, %v) = %v, want %v", tc.rho, tc.fromRequests, got, tc.want)
+		}
+	}
+}
+
+// TestDeadBandNarrowsNearCapacity: a capacity change smaller than the dead
+// band is left alone at moderate load, written near capacity with request
+// rates (where a weight a few percent high is a queue), and left alone
+// there with CPU alone.
+func TestDeadBandNarrowsNearCapacity(t *testing.T) {
+	names := []string{"a", "b", "c", "d"}
+	pods := podsNamed(names...)
+	for i := range pods {
+		pods[i].Cores = 2
+	}
+	speed := map[string]float64{"a": 1, "b": 1, "c": 0.5, "d": 0.5}
+	for _, tc := range []struct {
+		name         string
+		cpu          float64 // of the pods' 8 cores
+		withRequests bool
+		wantWrite    bool
+		wantBand     string
+	}{
+		{"50% load", 4, true, false, "inside the 5% dead band"},
+		{"85% load", 6.8, true, true, "2.5% dead band (5% narrowed at 85% load)"},
+		{"85% load, CPU alone", 6.8, false, false, "inside the 5% dead band"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := New(capacityParams())
+			now := t0
+			e.Applied(now, e.Weights(now, pods))
+			for range 12 {
+				now = now.Add(quiet)
+				cycle(e, pods, steadyObs(now, e.live, speed, tc.cpu, tc.withRequests))
+			}
+			res := cycle(e, pods, steadyObs(now.Add(quiet), e.live, speed, tc.cpu, tc.withRequests))
+			now = now.Add(quiet)
+			if res.Mode != ModeSteady || !strings.Contains(res.Message, tc.wantBand) {
+				t.Fatalf("before the change: %s %q, want Steady with %q", res.Mode, res.Message, tc.wantBand)
+			}
+			// a's capacity rises by 3.5%: its weight share is 3% low.
+			drifted := maps.Clone(speed)
+			drifted["a"] *= 1.035
+			wrote := false
+			for range 12 {
+				now = now.Add(quiet)
+				if res := cycle(e, pods, steadyObs(now, e.live, drifted, tc.cpu, tc.withRequests)); res.Changed {
+					wrote = true
+				}
+			}
+			if wrote != tc.wantWrite {
+				t.Errorf("a 3.5%% capacity change written: %v, want %v", wrote, tc.wantWrite)
 			}
 		})
 	}
