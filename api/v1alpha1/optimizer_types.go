@@ -97,7 +97,9 @@ type Optimization struct {
 	ScrapeInterval *Duration `json:"scrape_interval,omitempty"`
 
 	// dead_band_percent: a weight that would move by less than this percent
-	// is left alone, so noise causes no ServiceEntry writes.
+	// (plus the noise the engine measures) is left alone, so noise causes no
+	// ServiceEntry writes. With request metrics it is narrowed above 70% load,
+	// to half from about 82%, where a weight a few percent high is a queue.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional
