@@ -104,7 +104,8 @@ const noiseSigmas = 3
 // its share waits about e*rho/(1-rho) longer (M/M/1): 2.3e at 70% load,
 // 5.7e at 85%. loadBand narrows the dead band by that factor against its
 // value at loadBandFrom, down to minLoadBand of it: at 80% load a gap of
-// 2.9% is written, from 85% one of 2.5%. The noise term of the band is
+// 2.9% (plus the noise term) is written, from about 82% one of 2.5%
+// (plus the noise term). The noise term of the band is
 // untouched, so noise is still not written, and below loadBandFrom
 // nothing changes. The load is the Service's offered work over its
 // capacity, both as estimated (see serviceLoad).

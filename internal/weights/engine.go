@@ -330,9 +330,9 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		prefix = "Metrics are back. "
 	}
 	if res.Mode == ModeSteady {
-		band := fmt.Sprintf("%.0f%% dead band", 100*e.params.DeadBand)
-		if f := e.loadBandFactor(set); f < 1 {
-			band = fmt.Sprintf("%.1f%% dead band (%.0f%% narrowed at %.0f%% load)", 100*e.params.DeadBand*f, 100*e.params.DeadBand, 100*e.serviceLoad(set))
+		band := fmt.Sprintf("%.3g%% dead band", 100*e.params.DeadBand)
+		if f := e.loadBandFactor(set); f < 1 && e.params.DeadBand > 0 {
+			band = fmt.Sprintf("%.3g%% dead band (%.3g%% narrowed at %.0f%% load)", 100*e.params.DeadBand*f, 100*e.params.DeadBand, 100*e.serviceLoad(set))
 		}
 		res.Message = fmt.Sprintf("%sSteady: the largest gap to a target, %.1f%%, is inside the %s plus measured noise; learned from %d of %d pods using %s",
 			prefix, 100*res.maxMove, band, learnedFrom, len(set), source)

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -615,7 +616,11 @@ func TestDeadBandNarrowsNearCapacity(t *testing.T) {
 			if res.Mode != ModeSteady || !strings.Contains(res.Message, tc.wantBand) {
 				t.Fatalf("before the change: %s %q, want Steady with %q", res.Mode, res.Message, tc.wantBand)
 			}
-			// a's capacity rises by 3.5%: its weight share is 3% low.
+			// a's capacity rises by 3.5%: its target moves up by about
+			// 2.4% and the others' down by about 1.2%. Near capacity with
+			// request rates that is written (past the narrowed band, or a
+			// quarter of it once the new estimates are due their
+			// refinement); at 50% load or on CPU alone it is not.
 			drifted := maps.Clone(speed)
 			drifted["a"] *= 1.035
 			wrote := false
@@ -629,5 +634,70 @@ func TestDeadBandNarrowsNearCapacity(t *testing.T) {
 				t.Errorf("a 3.5%% capacity change written: %v, want %v", wrote, tc.wantWrite)
 			}
 		})
+	}
+}
+
+// TestMoveBandsNarrowByLoad: one engine's write bands at 85% and at 60%
+// load differ by exactly the narrowed part of the dead band (a quarter of
+// it for a pod due its refinement); the noise term is the same.
+func TestMoveBandsNarrowByLoad(t *testing.T) {
+	pods := podsNamed("a", "b", "c", "d")
+	for i := range pods {
+		pods[i].Cores = 2
+	}
+	speed := map[string]float64{"a": 1, "b": 1, "c": 0.5, "d": 0.5}
+	e, now := learned(t, capacityParams(), pods, speed)
+	for range 30 { // until the averaged load has settled
+		now = now.Add(quiet)
+		cycle(e, pods, steadyObs(now, e.live, speed, 4, true))
+	}
+	// 4 busy cores of 8: 50% load.
+	if got := e.serviceLoad(pods); math.Abs(got-0.5) > 0.01 {
+		t.Fatalf("serviceLoad = %v, want 0.5", got)
+	}
+	e.offered *= 0.85 / 0.5
+	high := e.moveBands(pods)
+	if f := e.loadBandFactor(pods); f != minLoadBand {
+		t.Fatalf("factor at 85%% = %v, want %v", f, minLoadBand)
+	}
+	e.offered *= 0.6 / 0.85
+	low := e.moveBands(pods)
+	for i, pod := range pods {
+		want := e.params.DeadBand * (1 - minLoadBand)
+		if e.refinable(e.pods[pod.Name]) {
+			want /= 4
+		}
+		if d := low[i] - high[i]; math.Abs(d-want) > 1e-12 {
+			t.Errorf("%s: band at 60%% minus band at 85%% = %v, want %v", pod.Name, d, want)
+		}
+	}
+	e.lastFromRequests = false
+	e.offered *= 0.85 / 0.6
+	for i, b := range e.moveBands(pods) {
+		if b != low[i] {
+			t.Errorf("CPU alone at 85%%: %s's band %v, want the full %v", pods[i].Name, b, low[i])
+		}
+	}
+}
+
+// TestServiceLoadNeedsEveryPodsCores: the load is busy cores over cores
+// (weighted by speed per core) across pods of unequal cores, and unknown
+// (0, so no narrowing) while any pod's cores are.
+func TestServiceLoadNeedsEveryPodsCores(t *testing.T) {
+	pods := podsNamed("a", "b", "c")
+	pods[0].Cores, pods[1].Cores, pods[2].Cores = 1, 2, 4
+	speed := map[string]float64{"a": 1, "b": 1, "c": 1}
+	e, _ := learned(t, capacityParams(), pods, speed)
+	// learned ran at 4 busy cores of 7.
+	if got := e.serviceLoad(pods); math.Abs(got-4.0/7) > 1e-6 {
+		t.Errorf("serviceLoad = %v, want %v", got, 4.0/7)
+	}
+	unknown := slices.Clone(pods)
+	unknown[2].Cores = 0 // no limit, no request, no node: nothing bounds it
+	if got := e.serviceLoad(unknown); got != 0 {
+		t.Errorf("serviceLoad with a pod of unknown cores = %v, want 0", got)
+	}
+	if f := loadNarrowing(e.serviceLoad(unknown), true); f != 1 {
+		t.Errorf("factor with a pod of unknown cores = %v, want 1", f)
 	}
 }
