@@ -98,8 +98,8 @@ type Optimization struct {
 
 	// dead_band_percent: a weight that would move by less than this percent
 	// (plus the noise the engine measures) is left alone, so noise causes no
-	// ServiceEntry writes. With request metrics it is narrowed above 70% load,
-	// to half from about 82%, where a weight a few percent high is a queue.
+	// ServiceEntry writes. It is narrowed above 70% load, to half from about
+	// 82%, where a weight a few percent high is a queue.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional

@@ -559,32 +559,30 @@ func TestCanonicalPodsIgnoresOrderForEveryField(t *testing.T) {
 
 func TestLoadNarrowing(t *testing.T) {
 	for _, tc := range []struct {
-		rho          float64
-		fromRequests bool
-		want         float64
+		rho  float64
+		want float64
 	}{
-		{0, true, 1},
-		{0.5, true, 1},
-		{0.7, true, 1},
-		{0.75, true, (0.25 / 0.75) / (0.3 / 0.7)},
-		{0.8, true, (0.2 / 0.8) / (0.3 / 0.7)},
-		{0.85, true, 0.5}, // 0.41, floored at minLoadBand
-		{0.95, true, 0.5},
-		{1.3, true, 0.5}, // overloaded
-		{0.85, false, 1}, // CPU alone: never narrowed
-		{math.NaN(), true, 1},
-		{math.Inf(1), true, 1},
+		{0, 1},
+		{0.5, 1},
+		{0.7, 1},
+		{0.75, (0.25 / 0.75) / (0.3 / 0.7)},
+		{0.8, (0.2 / 0.8) / (0.3 / 0.7)},
+		{0.85, 0.5}, // 0.41, floored at minLoadBand
+		{0.95, 0.5},
+		{1.3, 0.5}, // overloaded
+		{math.NaN(), 1},
+		{math.Inf(1), 1},
+		{-1, 1},
 	} {
-		if got := loadNarrowing(tc.rho, tc.fromRequests); math.Abs(got-tc.want) > 1e-12 {
-			t.Errorf("loadNarrowing(%v, %v) = %v, want %v", tc.rho, tc.fromRequests, got, tc.want)
+		if got := loadNarrowing(tc.rho); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("loadNarrowing(%v) = %v, want %v", tc.rho, got, tc.want)
 		}
 	}
 }
 
 // TestDeadBandNarrowsNearCapacity: a capacity change smaller than the dead
-// band is left alone at moderate load, written near capacity with request
-// rates (where a weight a few percent high is a queue), and left alone
-// there with CPU alone.
+// band is left alone at moderate load and written near capacity, where a
+// weight a few percent high is a queue.
 func TestDeadBandNarrowsNearCapacity(t *testing.T) {
 	names := []string{"a", "b", "c", "d"}
 	pods := podsNamed(names...)
@@ -601,7 +599,7 @@ func TestDeadBandNarrowsNearCapacity(t *testing.T) {
 	}{
 		{"50% load", 4, true, false, "inside the 5% dead band"},
 		{"85% load", 6.8, true, true, "2.5% dead band (5% narrowed at 85% load)"},
-		{"85% load, CPU alone", 6.8, false, false, "inside the 5% dead band"},
+		{"50% load, CPU alone", 4, false, false, "inside the 5% dead band"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := New(capacityParams())
@@ -620,7 +618,7 @@ func TestDeadBandNarrowsNearCapacity(t *testing.T) {
 			// 2.4% and the others' down by about 1.2%. Near capacity with
 			// request rates that is written (past the narrowed band, or a
 			// quarter of it once the new estimates are due their
-			// refinement); at 50% load or on CPU alone it is not.
+			// refinement); at 50% load it is not.
 			drifted := maps.Clone(speed)
 			drifted["a"] *= 1.035
 			wrote := false
@@ -639,7 +637,8 @@ func TestDeadBandNarrowsNearCapacity(t *testing.T) {
 
 // TestMoveBandsNarrowByLoad: one engine's write bands at 85% and at 60%
 // load differ by exactly the narrowed part of the dead band (a quarter of
-// it for a pod due its refinement); the noise term is the same.
+// it for a pod due its refinement), with request rates or CPU alone; the
+// noise term is the same.
 func TestMoveBandsNarrowByLoad(t *testing.T) {
 	pods := podsNamed("a", "b", "c", "d")
 	for i := range pods {
@@ -674,8 +673,8 @@ func TestMoveBandsNarrowByLoad(t *testing.T) {
 	e.lastFromRequests = false
 	e.offered *= 0.85 / 0.6
 	for i, b := range e.moveBands(pods) {
-		if b != low[i] {
-			t.Errorf("CPU alone at 85%%: %s's band %v, want the full %v", pods[i].Name, b, low[i])
+		if b != high[i] {
+			t.Errorf("CPU alone at 85%%: %s's band %v, want %v as with request rates", pods[i].Name, b, high[i])
 		}
 	}
 }
@@ -697,7 +696,7 @@ func TestServiceLoadNeedsEveryPodsCores(t *testing.T) {
 	if got := e.serviceLoad(unknown); got != 0 {
 		t.Errorf("serviceLoad with a pod of unknown cores = %v, want 0", got)
 	}
-	if f := loadNarrowing(e.serviceLoad(unknown), true); f != 1 {
+	if f := loadNarrowing(e.serviceLoad(unknown)); f != 1 {
 		t.Errorf("factor with a pod of unknown cores = %v, want 1", f)
 	}
 }
