@@ -27,14 +27,14 @@ func (e *Engine) poolBands(set []Pod) []float64 {
 
 // bands is the dead band plus noiseSigmas standard deviations of each
 // pod's smoothed estimate; with refine (for a write), the dead band is
-// narrowed by the load (see loadBand), and a quarter of it for a pod whose
+// narrowed by the load (see loadNarrowing), and a quarter of it for a pod whose
 // weight is due its refinement.
 func (e *Engine) bands(set []Pod, refine bool) []float64 {
 	out := make([]float64, len(set))
 	inflation := e.overlapInflation()
 	dead := e.params.DeadBand
 	if refine {
-		dead = e.loadBand(set)
+		dead *= loadNarrowing(e.serviceLoad(set))
 	}
 	for i, pod := range set {
 		band, g := dead, 1.0
@@ -102,8 +102,9 @@ const noiseSigmas = 3
 // A weight a few percent over a pod's capacity costs little at moderate
 // load and much near capacity: at utilisation rho, a pod sent e more than
 // its share waits about e*rho/(1-rho) longer (M/M/1): 2.3e at 70% load,
-// 5.7e at 85%. loadBand narrows the dead band by that factor against its
-// value at loadBandFrom, down to minLoadBand of it: at 80% load a gap of
+// 5.7e at 85%. The dead band of a write narrows by that factor against its
+// value at loadBandFrom, down to minLoadBand of it (see loadNarrowing,
+// which bands applies to a write's band): at 80% load a gap of
 // 2.9% (plus the noise term) is written, from about 82% one of 2.5%
 // (plus the noise term). The noise term of the band is
 // untouched, so noise is still not written, and below loadBandFrom
@@ -124,18 +125,6 @@ const (
 	loadBandFrom = 0.7
 	minLoadBand  = 0.5
 )
-
-// loadBand returns the dead band for a write at the Service's current
-// load (see loadBandFrom).
-func (e *Engine) loadBand(set []Pod) float64 {
-	return e.params.DeadBand * e.loadBandFactor(set)
-}
-
-// loadBandFactor is the factor loadBand narrows the dead band by: 1 up to
-// loadBandFrom, or while the load is unknown.
-func (e *Engine) loadBandFactor(set []Pod) float64 {
-	return loadNarrowing(e.serviceLoad(set))
-}
 
 // loadNarrowing is the factor the dead band is narrowed by at load rho
 // (see loadBandFrom): 1 for a load that is not above loadBandFrom

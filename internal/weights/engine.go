@@ -331,8 +331,8 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 	if res.Mode == ModeSteady {
 		band := fmt.Sprintf("%.3g%% dead band", 100*e.params.DeadBand)
-		if f := e.loadBandFactor(set); f < 1 && e.params.DeadBand > 0 {
-			band = fmt.Sprintf("%.3g%% dead band (%.3g%% narrowed at %.0f%% load)", 100*e.params.DeadBand*f, 100*e.params.DeadBand, 100*e.serviceLoad(set))
+		if rho := e.serviceLoad(set); loadNarrowing(rho) < 1 && e.params.DeadBand > 0 {
+			band = fmt.Sprintf("%.3g%% dead band (%.3g%% narrowed at %.0f%% load)", 100*e.params.DeadBand*loadNarrowing(rho), 100*e.params.DeadBand, 100*rho)
 		}
 		res.Message = fmt.Sprintf("%sSteady: the largest gap to a target, %.1f%%, is inside the %s plus measured noise; learned from %d of %d pods using %s",
 			prefix, 100*res.maxMove, band, learnedFrom, len(set), source)

@@ -656,7 +656,7 @@ func TestMoveBandsNarrowByLoad(t *testing.T) {
 	}
 	e.offered *= 0.85 / 0.5
 	high := e.moveBands(pods)
-	if f := e.loadBandFactor(pods); f != minLoadBand {
+	if f := loadNarrowing(e.serviceLoad(pods)); f != minLoadBand {
 		t.Fatalf("factor at 85%% = %v, want %v", f, minLoadBand)
 	}
 	e.offered *= 0.6 / 0.85
