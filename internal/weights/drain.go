@@ -200,12 +200,15 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 			// It served what it was sent: no queue.
 			q = 0
 		}
-		if !e.lastLearned && ps.hasLatency {
-			// Not learned: the operator runs LEAST_REQUEST, under which
-			// traffic does not follow the weights, so sent-minus-served
-			// is no measure. The sidecar's latency is: by Little's law
-			// the mean queue over the window was requests times the mean
-			// wait, and a queue that grew steadily ends at twice its mean.
+		if e.underLeastRequest(now) && ps.hasLatency {
+			// Not learned over some of the window: the operator ran
+			// LEAST_REQUEST, under which traffic does not follow the
+			// weights (it steers away from the pods with the most
+			// requests in flight, such as many-core pods run full), so
+			// sent-minus-served is no measure. The sidecar's latency
+			// is: by Little's law the mean queue over the window was
+			// requests times the mean wait, and a queue that grew
+			// steadily ends at twice its mean.
 			waiting := ps.requests * max(0, ps.latency-ps.cpu/ps.requests)
 			q = min(q, 2*waiting)
 		}
@@ -220,6 +223,14 @@ func (e *Engine) trackBacklogs(now time.Time, set []Pod, sig signals, shares []s
 		}
 	}
 	return ds
+}
+
+// underLeastRequest reports whether the query window ending now holds
+// time when the operator ran LEAST_REQUEST: the last result was not
+// Learned, or the switch back to the weights is within the window. (With
+// load_balancer: LEAST_REQUEST the engine is not told, see the docs.)
+func (e *Engine) underLeastRequest(now time.Time) bool {
+	return !e.lastLearned || now.Sub(e.leastRequestUntil) < e.params.horizon()
 }
 
 // drainProposal lowers the proposal of every pod with a backlog, or with

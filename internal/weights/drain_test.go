@@ -267,3 +267,61 @@ func TestSpeedTilt(t *testing.T) {
 		t.Errorf("negative drain time: %v", err)
 	}
 }
+
+// A query window that reaches back into a spell of LEAST_REQUEST (the
+// operator switched back to the weights less than a window ago) does not
+// show traffic by the weights: LEAST_REQUEST sends a pod with more
+// requests in flight less than its share. Such a shortfall is no backlog
+// while the pod's latency shows no queue (Little's law); once the window
+// is all ROUND_ROBIN again, the same shortfall is one.
+func TestNoBacklogFromAWindowUnderLeastRequest(t *testing.T) {
+	pods := drainPods()
+	withLatency := func(obs Observation) Observation {
+		for name, sig := range obs.Signals {
+			sig.Latency = 1.05 * sig.CPU / sig.Requests // no queue to speak of
+			obs.Signals[name] = sig
+		}
+		return obs
+	}
+	short := func(e *Engine, now time.Time) Result {
+		sum := 0.0
+		for _, w := range e.live {
+			sum += float64(w)
+		}
+		sent := 400 * float64(e.live["b"]) / sum
+		return cycle(e, pods, withLatency(servedObs(now, e.live, 400, map[string]float64{"b": 0.85 * sent}, nil)))
+	}
+	for _, tc := range []struct {
+		name        string
+		after       time.Duration // from the switch back to the weights
+		wantBacklog bool
+	}{
+		{"window holds LEAST_REQUEST", 30 * time.Second, false},
+		{"window all ROUND_ROBIN", 2 * time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, now := learnedDrainEngine(t, capacityParams())
+			// a falls behind: drained, and LEAST_REQUEST (not Learned).
+			now = now.Add(quiet)
+			res := cycle(e, pods, withLatency(servedObs(now, e.live, 400, map[string]float64{"a": 60}, map[string]float64{"a": 30})))
+			if res.Learned || !strings.Contains(res.Message, "draining") {
+				t.Fatalf("learned %v, %q: want a drained and LEAST_REQUEST", res.Learned, res.Message)
+			}
+			// Its queue gone, a is back at its capacity and the weights
+			// are Learned again.
+			now = now.Add(30 * time.Second)
+			res = cycle(e, pods, withLatency(servedObs(now, e.live, 400, nil, map[string]float64{"a": 30})))
+			if !res.Learned {
+				t.Fatalf("%q: want Learned once a's queue is gone", res.Message)
+			}
+			now = now.Add(tc.after)
+			res = short(e, now)
+			// 15% of b's 100 requests a second over the minute's window
+			// is about 900; its latency shows a queue of about 1.
+			if q := e.pods["b"].backlog; (q > 500) != tc.wantBacklog || (!tc.wantBacklog && q > 10) {
+				t.Errorf("b served 85%% of its share %v after the switch back: backlog %.1f (%s), want one: %v",
+					tc.after, q, res.Message, tc.wantBacklog)
+			}
+		})
+	}
+}

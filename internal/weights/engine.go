@@ -42,6 +42,11 @@ type Engine struct {
 	// lastLearned is the Learned of the last result: false means the
 	// operator runs LEAST_REQUEST, where traffic does not follow weights.
 	lastLearned bool
+	// leastRequestUntil is when the operator last went from
+	// LEAST_REQUEST back to the weights (the first Learned result after
+	// one that was not): a query window reaching back before it holds
+	// time under LEAST_REQUEST.
+	leastRequestUntil time.Time
 	// appliedSince is when the engine's weights first became live (Applied
 	// or Seed); zero before. Before it the Service ran on whatever it had
 	// (Istio's LEAST_REQUEST over equal weights, as a rule), whose traffic
@@ -403,6 +408,9 @@ func (e *Engine) finish(now time.Time, set []Pod, mode Mode, proposal []float64,
 	}
 	ref, _ := e.reference()
 	learned := e.learned(now, set, weights, mode)
+	if learned && !e.lastLearned {
+		e.leastRequestUntil = now
+	}
 	e.lastLearned = learned
 	e.unapplied = changed && !sameWeights(weights, ref)
 	e.mode = mode
