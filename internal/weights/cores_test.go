@@ -170,6 +170,135 @@ func TestLatencySplit(t *testing.T) {
 	}
 }
 
+func TestQueueUtilisations(t *testing.T) {
+	tests := map[string]struct {
+		cores, speed []float64
+		load         float64 // share of the total capacity
+		ok           bool
+	}{
+		"one core count, unlike speeds":    {cores: []float64{2, 2, 2}, speed: []float64{1, 0.6, 0.35}, load: 0.85, ok: true},
+		"1, 2 and 8 cores at 85%":          {cores: []float64{1, 2, 8}, speed: []float64{1, 1, 1}, load: 0.85, ok: true},
+		"1 and 8 cores, unlike speeds":     {cores: []float64{1, 8}, speed: []float64{1, 0.45}, load: 0.7, ok: true},
+		"at maxSplitLoad: capacity shares": {cores: []float64{1, 8}, speed: []float64{1, 1}, load: maxSplitLoad, ok: false},
+		"no load":                          {cores: []float64{1, 8}, speed: []float64{1, 1}, load: 0, ok: false},
+		"unknown cores":                    {cores: []float64{0, 8}, speed: []float64{1, 1}, load: 0.5, ok: false},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			total := 0.0
+			for i := range tc.cores {
+				total += tc.cores[i] * tc.speed[i]
+			}
+			rho, ok := queueUtilisations(tc.cores, tc.speed, tc.load*total)
+			if ok != tc.ok {
+				t.Fatalf("ok = %v, want %v", ok, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			work := 0.0
+			for i := range rho {
+				work += tc.cores[i] * tc.speed[i] * rho[i]
+				// Each pod's marginal queueing cost is the same.
+				if a, b := sakasegawaCost(tc.cores[i], rho[i]), sakasegawaCost(tc.cores[0], rho[0]); !near(a, b, 1e-6) {
+					t.Errorf("marginal costs %v and %v, want equal (rho %v)", a, b, rho)
+				}
+				// Equal cores, equal utilisations; more cores, a fuller pod.
+				for j := range rho {
+					switch {
+					case tc.cores[i] == tc.cores[j] && !near(rho[i], rho[j], 1e-9):
+						t.Errorf("pods %d and %d have %v cores each but utilisations %v and %v", i, j, tc.cores[i], rho[i], rho[j])
+					case tc.cores[i] > tc.cores[j] && !(rho[i] > rho[j]):
+						t.Errorf("pod %d (%v cores) at %v, pod %d (%v cores) at %v: want the one with more cores fuller",
+							i, tc.cores[i], rho[i], j, tc.cores[j], rho[j])
+					}
+				}
+			}
+			if !near(work, tc.load*total, 1e-6) {
+				t.Errorf("the utilisations do %v units of work, want the load %v", work, tc.load*total)
+			}
+		})
+	}
+}
+
+// runUnlikeCores runs cycles of a Service of pods a, b and c (1, 2 and 8
+// cores, equal speed) at load of its capacity, each pod's CPU following
+// its weight share; with limits the pods have Cores, else a 1-core
+// request and a node whose idle CPU shows their cores. It returns the
+// last weights per core of b and c over a's.
+func runUnlikeCores(t *testing.T, p Params, limits, withRequests bool, load float64) (b, c float64) {
+	t.Helper()
+	cores := map[string]float64{"a": 1, "b": 2, "c": 8}
+	var set []Pod
+	for _, name := range []string{"a", "b", "c"} {
+		pod := Pod{Name: name, Locality: "r/z/s", Node: "node-" + name}
+		if limits {
+			pod.Cores = cores[name]
+		} else {
+			pod.CPURequest, pod.NodeCores = 1, 4*cores[name]
+		}
+		set = append(set, pod)
+	}
+	e := New(p)
+	now := t0
+	e.Applied(now, e.Weights(now, set))
+	for range 12 {
+		now = now.Add(quiet)
+		sum := 0.0
+		for _, w := range e.live {
+			sum += float64(w)
+		}
+		obs := Observation{Time: now, Signals: map[string]Signal{}}
+		for name, c := range cores {
+			cpu := load * 11 * float64(e.live[name]) / sum
+			sig := Signal{CPU: cpu, Requests: math.NaN(), Latency: math.NaN(), NodeCPU: 4*c - c + cpu}
+			if withRequests {
+				sig.Requests = 100 * cpu
+			}
+			obs.Signals[name] = sig
+		}
+		cycle(e, set, obs)
+	}
+	per := func(name string) float64 { return float64(e.live[name]) / cores[name] }
+	return per("b") / per("a"), per("c") / per("a")
+}
+
+// At 85% load a pod of 8 cores queues far less than one of 1 core at the
+// same utilisation, so it is run fuller: its weight per core is above the
+// 1-core pod's by what queueUtilisations says. Without MinimizeLatency
+// the weights are capacity shares. Cores read from the node's idle CPU
+// are used only with request rates: with CPU alone a fuller pod would be
+// judged at its noisy limit, so those weights stay capacity shares.
+func TestUnlikeCoresRunAtUnlikeUtilisations(t *testing.T) {
+	rho, ok := queueUtilisations([]float64{1, 2, 8}, []float64{1, 1, 1}, 0.85*11)
+	if !ok || !(rho[2]/rho[0] > 1.1) {
+		t.Fatalf("queueUtilisations %v, %v: the test needs the 8-core pod well above the 1-core one", rho, ok)
+	}
+	wantB, wantC := rho[1]/rho[0], rho[2]/rho[0]
+	tests := []struct {
+		name                     string
+		minimize, limits, withRq bool
+		b, c                     float64
+	}{
+		{"limits, request rates", true, true, true, wantB, wantC},
+		{"limits, CPU alone", true, true, false, wantB, wantC},
+		{"no limits, request rates", true, false, true, wantB, wantC},
+		{"no limits, CPU alone: capacity shares", true, false, false, 1, 1},
+		{"without MinimizeLatency: capacity shares", false, true, true, 1, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := DefaultParams()
+			p.SpeedTilt = 0
+			p.MinimizeLatency = tc.minimize
+			b, c := runUnlikeCores(t, p, tc.limits, tc.withRq, 0.85)
+			if !near(b, tc.b, 0.04) || !near(c, tc.c, 0.04) {
+				t.Errorf("weight per core of b and c over a's: %.3f and %.3f, want %.3f and %.3f", b, c, tc.b, tc.c)
+			}
+		})
+	}
+}
+
 // Speeds a fraction of a band apart come out all but equal, speeds many
 // bands apart untouched; the result is smooth in the speeds, does not
 // depend on their order, and a young pod's wide band pulls nobody.
@@ -647,5 +776,39 @@ func TestHeldCeilingIsDroppedOnAnotherNode(t *testing.T) {
 	}
 	if l := gap("n2"); l != 0 {
 		t.Errorf("n2 without node CPU: limit %v, want none (n1's ceiling is not n2's)", l)
+	}
+}
+
+// Estimated cores a few percent apart are pooled before they set
+// utilisations (noise, for pods of one core count), cores twice apart are
+// not, and cores from a limit are exact; a pod of which nothing is known
+// counts as the median of the others.
+func TestSplitCoresPoolsEstimates(t *testing.T) {
+	set := []Pod{
+		{Name: "e2", CPURequest: 1, NodeCores: 16},
+		{Name: "e2b", CPURequest: 1, NodeCores: 16},
+		{Name: "e4", CPURequest: 1, NodeCores: 16},
+		{Name: "l2", Cores: 2},
+		{Name: "l2b", Cores: 2.2},
+		{Name: "unknown"},
+	}
+	e := New(DefaultParams())
+	e.state("e2").cores, e.state("e2b").cores, e.state("e4").cores = 2, 2.2, 4
+	caps, perCore := e.capacitiesPerCore(set)
+	cores, pooled := e.splitCores(set, caps, perCore)
+	want := []float64{2, 2.2, 4, 2, 2.2, 2.2}
+	for i := range want {
+		if !near(cores[i], want[i], 1e-9) {
+			t.Errorf("%s: cores %v, want %v", set[i].Name, cores[i], want[i])
+		}
+	}
+	if !near(pooled[0], pooled[1], 0.02) || !(pooled[1] < cores[1]) || !(pooled[0] > cores[0]) {
+		t.Errorf("estimates 2 and 2.2 pooled to %v and %v: want them within 2%% of each other", pooled[0], pooled[1])
+	}
+	if !near(pooled[2], 4, 0.01) {
+		t.Errorf("an estimate of 4 cores pooled to %v: want it left near 4", pooled[2])
+	}
+	if pooled[3] != 2 || pooled[4] != 2.2 {
+		t.Errorf("limits 2 and 2.2 pooled to %v and %v: want them exact", pooled[3], pooled[4])
 	}
 }

@@ -568,10 +568,12 @@ func (e *Engine) capacities(set []Pod) []float64 {
 	return caps
 }
 
-// targets returns what each pod's weight is proportional to: with
-// MinimizeLatency and a known load, the split of split.go; else its
-// capacity, tilted towards faster pods by (speed per core)^SpeedTilt. Speeds per
-// core are relative (their geometric mean is about 1); only ratios matter.
+// targets returns what each pod's weight is proportional to: its
+// capacity, tilted towards faster pods by (speed per core)^SpeedTilt; with
+// MinimizeLatency and a known load, moved to the utilisations of
+// queueUtilisations where the pods' cores differ, and at low load to the
+// split of split.go. Speeds per core are relative (their geometric mean is
+// about 1); only ratios matter.
 func (e *Engine) targets(set []Pod) []float64 {
 	caps, perCore := e.capacitiesPerCore(set)
 	if tilt := e.params.SpeedTilt; tilt > 0 {
@@ -582,19 +584,26 @@ func (e *Engine) targets(set []Pod) []float64 {
 	if !e.params.MinimizeLatency || !(e.splitLoad > 0) {
 		return caps
 	}
-	cores := make([]float64, len(set))
+	cores, pooled := e.splitCores(set, caps, perCore)
 	capacity := 0.0
-	for i, pod := range set {
-		cores[i] = caps[i] / perCore[i] // relative cores
-		if c := e.coresOf(pod); c > 0 {
-			cores[i] = c
-		}
+	for i := range set {
 		capacity += cores[i] * perCore[i]
 	}
+	// Unlike cores run at unlike utilisations, at every load the split
+	// leaves to capacity shares (see split.go); pods of one core count
+	// get rho equal, which leaves their shares as they were. A pod run
+	// fuller must be watched: by its backlog (request rates) or against
+	// a CPU limit. With CPU alone and cores read from the node's noisy
+	// idle CPU, a fuller pod is judged at its limit by that noise and
+	// drained, and back, every cycle.
+	if rho, ok := queueUtilisations(pooled, perCore, e.splitLoad); ok && (e.lastFromRequests || allKnownCores(set)) {
+		for i := range caps {
+			caps[i] = min(max(caps[i]*rho[i], 1e-12), 1e12)
+		}
+	}
 	// The split is used in full while the Service has room to spare and
-	// not at all from splitNoneFrom of its capacity up, where capacity
-	// shares (the product's contract for ROUND_ROBIN) are what the
-	// Service needs; in between, the two are blended linearly.
+	// not at all from splitNoneFrom of its capacity up; in between, the
+	// two are blended linearly.
 	use := e.splitLoad / capacity
 	if !(use < splitNoneFrom) {
 		return caps
@@ -614,6 +623,49 @@ func (e *Engine) targets(set []Pod) []float64 {
 		caps[i] = min(max((1-b)*caps[i]/capSum+b*split[i]/splitSum, 1e-12), 1e12)
 	}
 	return caps
+}
+
+// allKnownCores reports whether every pod has a CPU limit.
+func allKnownCores(set []Pod) bool {
+	for _, pod := range set {
+		if !knownCores(pod) {
+			return false
+		}
+	}
+	return true
+}
+
+// splitCores returns the cores the split and queueUtilisations take each
+// pod to have: coresOf, or the median of the others' (as
+// capacitiesPerCore takes it) when nothing is known of its own; pods of
+// which nothing is known at all count as equal (their relative cores).
+// pooled has the estimated cores within coresPool of each other pooled
+// (poolSpeeds); cores from a limit are exact and left alone. The split
+// takes them unpooled: at low load a few percent of cores matter little
+// against the speeds.
+func (e *Engine) splitCores(set []Pod, caps, perCore []float64) (cores, pooled []float64) {
+	cores = make([]float64, len(set))
+	var seen []float64
+	for i, pod := range set {
+		if c := e.coresOf(pod); c > 0 {
+			cores[i] = c
+			seen = append(seen, c)
+		}
+	}
+	typical := median(seen)
+	tol := make([]float64, len(set))
+	for i, pod := range set {
+		if !(cores[i] > 0) {
+			cores[i] = typical
+			if !(typical > 0) {
+				cores[i] = caps[i] / perCore[i]
+			}
+		}
+		if !knownCores(pod) {
+			tol[i] = coresPool
+		}
+	}
+	return cores, poolSpeeds(cores, tol)
 }
 
 // capacitiesPerCore returns each pod's capacity and its speed per core.

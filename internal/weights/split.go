@@ -20,8 +20,24 @@ import (
 // load (1/v) is above the common marginal cost get nothing (the MaxRatio
 // floor). w is Sakasegawa's approximation of the M/M/c wait,
 // rho^(sqrt(2(c+1))-1) / (c(1-rho)). As the load nears the capacity,
-// every pod's marginal cost is dominated by its queue and the split tends
-// to capacity shares; at low load it favours the fast pods.
+// every pod's marginal cost is dominated by its queue and, for pods of
+// one core count, the split tends to capacity shares; at low load it
+// favours the fast pods.
+//
+// Unlike core counts need more than capacity shares at any load: at one
+// utilisation a pod's queue is the shorter the more cores it has (at 85%,
+// Sakasegawa's wait is 5.7 service times on one core and 0.5 on eight),
+// so equal utilisation leaves the few-core pods to set the tail. Above
+// the split's range the weights therefore give each pod the utilisation
+// at which one more unit of load adds the same wait in units of its own
+// service time, d(rho w)/d rho equal across pods (queueUtilisations):
+// the many-core pods run fuller, the few-core ones emptier, and pods of
+// one core count, whatever their speeds, keep capacity shares exactly
+// (the product's contract for ROUND_ROBIN; the speed part of the full
+// optimum is the split's, at low load only). Cores that are estimated
+// (pods without a limit) are pooled first, as speeds are (poolSpeeds,
+// within coresPool), so that noise in the estimates of pods with equal
+// cores does not spread their utilisations.
 //
 // The offered load is measured each cycle as the pods' busy cores times
 // their speed per core (requests served, in units of work), so it does
@@ -38,9 +54,69 @@ const (
 	// offeredGain is the weight of a new measurement of the offered load.
 	offeredGain = 0.25
 	// maxSplitLoad: above this share of the capacity the split is plain
-	// capacity shares (the optimum there is within noise of them).
+	// capacity shares (the optimum there is within noise of them), and so
+	// are the utilisations of unlike cores (queueUtilisations): a Service
+	// that full has no headroom to move between its pods.
 	maxSplitLoad = 0.98
+	// coresPool is the log-scale band within which estimated cores are
+	// pooled before queueUtilisations and the split (see poolSpeeds):
+	// the node's idle CPU of one window strays by 10-30% of a pod's cores,
+	// and the cores read from the latency by up to 15% under heavy-tailed
+	// work, so pods whose estimates are within about a fifth are taken as
+	// alike, and pods 1.8 times apart or more (2 and 4 cores) are not
+	// pooled at all.
+	coresPool = 0.2
 )
+
+// queueUtilisations returns the utilisation of each pod, of cores c and
+// speed per core v, at which its marginal queueing cost d(rho w)/d rho
+// (w the Sakasegawa wait over the service time) is the same as every
+// other pod's, for a Service doing load units of work; ok is false when
+// it does not apply (cores or speeds not positive and finite, no load, or
+// the load at maxSplitLoad of the capacity or more). Pods of equal cores
+// get equal utilisations, load over capacity; a pod with more cores gets
+// a higher one.
+func queueUtilisations(c, v []float64, load float64) (rho []float64, ok bool) {
+	capacity := 0.0
+	for i := range c {
+		if !(c[i] > 0) || !(v[i] > 0) || math.IsInf(c[i]*v[i], 0) {
+			return nil, false
+		}
+		capacity += c[i] * v[i]
+	}
+	if !(load > 0) || load >= maxSplitLoad*capacity {
+		return nil, false
+	}
+	// The utilisation of a pod at marginal cost m is utilisationAt with
+	// speed 1 and cost 1+m (the cost of a request of unit work).
+	total := func(m float64) float64 {
+		sum := 0.0
+		for i := range c {
+			sum += c[i] * v[i] * utilisationAt(c[i], 1, 1+m)
+		}
+		return sum
+	}
+	lo, hi := 0.0, 1.0
+	for k := 0; total(hi) < load; k++ {
+		if k > 60 {
+			return nil, false
+		}
+		hi *= 2
+	}
+	for range splitIterations {
+		mid := (lo + hi) / 2
+		if total(mid) < load {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	rho = make([]float64, len(c))
+	for i := range c {
+		rho[i] = utilisationAt(c[i], 1, 1+hi)
+	}
+	return rho, true
+}
 
 // sakasegawaCost is d(rho w)/d rho for c cores at utilisation rho.
 func sakasegawaCost(c, rho float64) float64 {
