@@ -48,16 +48,19 @@ type Params struct {
 	// their capacity shares.
 	SpeedTilt float64
 	// MinimizeLatency: while the Service has room to spare (in full below
-	// 40% of its capacity, blended away by 60%, capacity shares above),
-	// split the
-	// traffic to minimise the mean time of a request rather than to
+	// 40% of its capacity, blended away by 60%), split the traffic to
+	// minimise the mean time of a request rather than to
 	// equalise utilisation: a pod's weight is the traffic at which its
 	// marginal cost (its time per request, queue included, as an M/M/c
 	// queue of its cores and speed would have it) is the same as every
 	// other pod's. At low load this sends more to the faster pods; near
-	// full load it tends to capacity shares. It needs the pods' CPU data;
-	// SpeedTilt applies when it does not (see split.go). false = capacity
-	// shares (tilted by SpeedTilt) at every load.
+	// full load it tends to capacity shares. Above the split's range,
+	// pods of unlike cores get unlike utilisations, the many-core ones
+	// fuller, since their queues are shorter at one utilisation
+	// (queueUtilisations; with CPU alone, only pods with CPU limits);
+	// pods of one core count keep capacity shares. It needs the pods' CPU
+	// data; SpeedTilt applies when it does not (see split.go). false =
+	// capacity shares (tilted by SpeedTilt) at every load.
 	MinimizeLatency bool
 	// DrainTime: a pod with a backlog (requests served below those sent to
 	// it, or its CPU at its Cores limit) is weighted below its capacity, so

@@ -145,12 +145,7 @@ func TestLatencySplit(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			capacity := make([]float64, len(tc.cores))
-			total := 0.0
-			for i := range capacity {
-				capacity[i] = tc.cores[i] * tc.speed[i]
-				total += capacity[i]
-			}
+			capacity, total := capacities(tc.cores, tc.speed)
 			split, ok := latencySplit(tc.cores, tc.speed, tc.load*total)
 			if ok != tc.ok {
 				t.Fatalf("ok = %v, want %v", ok, tc.ok)
@@ -170,6 +165,16 @@ func TestLatencySplit(t *testing.T) {
 	}
 }
 
+// capacities returns each pod's cores times speed, and their sum.
+func capacities(cores, speed []float64) (capacity []float64, total float64) {
+	capacity = make([]float64, len(cores))
+	for i := range cores {
+		capacity[i] = cores[i] * speed[i]
+		total += capacity[i]
+	}
+	return capacity, total
+}
+
 func TestQueueUtilisations(t *testing.T) {
 	tests := map[string]struct {
 		cores, speed []float64
@@ -185,10 +190,7 @@ func TestQueueUtilisations(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			total := 0.0
-			for i := range tc.cores {
-				total += tc.cores[i] * tc.speed[i]
-			}
+			_, total := capacities(tc.cores, tc.speed)
 			rho, ok := queueUtilisations(tc.cores, tc.speed, tc.load*total)
 			if ok != tc.ok {
 				t.Fatalf("ok = %v, want %v", ok, tc.ok)

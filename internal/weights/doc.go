@@ -141,7 +141,17 @@
 //     longer, so the slowest pods set the tail latency; the small default
 //     tilt (0.03: pods of speeds 1 and 0.35 get about 1% more and 2% less
 //     than their capacity shares) lowers p99 at every load. Identical pods
-//     are not affected.
+//     are not affected. With MinimizeLatency and a known load below 98% of
+//     the capacity, pods of unlike cores are moved off equal utilisation:
+//     each gets the utilisation at which its marginal queueing cost,
+//     d(rho w)/d rho, is the same as every other pod's
+//     (queueUtilisations), since at one utilisation a pod's queue is the
+//     shorter the more cores it has (at 85%, 5.7 service times on one
+//     core and 0.5 on eight). Pods of one core count keep capacity shares
+//     exactly, whatever their speeds. Estimated cores within coresPool
+//     (a fifth) of each other are pooled first, and with CPU alone only
+//     pods with CPU limits are moved: a pod run fuller against a ceiling
+//     read from its node's noisy idle CPU is judged at it and drained.
 //  2. Slow start scales a new pod's weight from 10% up to full over
 //     SlowStart after it became ready.
 //  3. Pods with a backlog are drained (below).

@@ -77,45 +77,63 @@ const (
 // get equal utilisations, load over capacity; a pod with more cores gets
 // a higher one.
 func queueUtilisations(c, v []float64, load float64) (rho []float64, ok bool) {
-	capacity := 0.0
-	for i := range c {
-		if !(c[i] > 0) || !(v[i] > 0) || math.IsInf(c[i]*v[i], 0) {
-			return nil, false
-		}
-		capacity += c[i] * v[i]
-	}
-	if !(load > 0) || load >= maxSplitLoad*capacity {
+	if !splittable(c, v, load) {
 		return nil, false
 	}
 	// The utilisation of a pod at marginal cost m is utilisationAt with
 	// speed 1 and cost 1+m (the cost of a request of unit work).
-	total := func(m float64) float64 {
+	at := func(i int, m float64) float64 { return utilisationAt(c[i], 1, 1+m) }
+	m, ok := fillTo(c, v, load, at, 0, 1, func(lo, hi float64) float64 { return (lo + hi) / 2 })
+	if !ok {
+		return nil, false
+	}
+	rho = make([]float64, len(c))
+	for i := range c {
+		rho[i] = at(i, m)
+	}
+	return rho, true
+}
+
+// splittable reports whether the split and queueUtilisations apply: every
+// pod's cores and speed per core positive and finite, and a load above
+// zero and below maxSplitLoad of their capacity.
+func splittable(c, v []float64, load float64) bool {
+	capacity := 0.0
+	for i := range c {
+		if !(c[i] > 0) || !(v[i] > 0) || math.IsInf(c[i]*v[i], 0) {
+			return false
+		}
+		capacity += c[i] * v[i]
+	}
+	return load > 0 && load < maxSplitLoad*capacity
+}
+
+// fillTo returns the common marginal cost m at which the pods, each at
+// utilisation at(i, m), do load units of work: hi is doubled from the
+// given value until they do at least that much, then [lo, hi] is
+// bisected at mid(lo, hi); ok is false when 60 doublings do not reach it.
+func fillTo(c, v []float64, load float64, at func(i int, m float64) float64, lo, hi float64, mid func(lo, hi float64) float64) (m float64, ok bool) {
+	work := func(m float64) float64 {
 		sum := 0.0
 		for i := range c {
-			sum += c[i] * v[i] * utilisationAt(c[i], 1, 1+m)
+			sum += c[i] * v[i] * at(i, m)
 		}
 		return sum
 	}
-	lo, hi := 0.0, 1.0
-	for k := 0; total(hi) < load; k++ {
+	for k := 0; work(hi) < load; k++ {
 		if k > 60 {
-			return nil, false
+			return 0, false
 		}
 		hi *= 2
 	}
 	for range splitIterations {
-		mid := (lo + hi) / 2
-		if total(mid) < load {
-			lo = mid
+		if m := mid(lo, hi); work(m) < load {
+			lo = m
 		} else {
-			hi = mid
+			hi = m
 		}
 	}
-	rho = make([]float64, len(c))
-	for i := range c {
-		rho[i] = utilisationAt(c[i], 1, 1+hi)
-	}
-	return rho, true
+	return hi, true
 }
 
 // sakasegawaCost is d(rho w)/d rho for c cores at utilisation rho.
@@ -150,22 +168,8 @@ func utilisationAt(c, v, m float64) float64 {
 // and speed per core v at an offered load; ok is false when it does not
 // apply (no load known, cores unknown, or the load near the capacity).
 func latencySplit(c, v []float64, load float64) (out []float64, ok bool) {
-	capacity := 0.0
-	for i := range c {
-		if !(c[i] > 0) || !(v[i] > 0) || math.IsInf(c[i]*v[i], 0) {
-			return nil, false
-		}
-		capacity += c[i] * v[i]
-	}
-	if !(load > 0) || load >= maxSplitLoad*capacity {
+	if !splittable(c, v, load) {
 		return nil, false
-	}
-	total := func(m float64) float64 {
-		sum := 0.0
-		for i := range c {
-			sum += c[i] * v[i] * utilisationAt(c[i], v[i], m)
-		}
-		return sum
 	}
 	// The common marginal cost lies between the fastest pod's time at
 	// zero load and a cost high enough to fill every pod to the load.
@@ -173,24 +177,14 @@ func latencySplit(c, v []float64, load float64) (out []float64, ok bool) {
 	for i := range v {
 		lo = min(lo, 1/v[i])
 	}
-	hi := 2 * lo
-	for k := 0; total(hi) < load; k++ {
-		if k > 60 {
-			return nil, false
-		}
-		hi *= 2
-	}
-	for range splitIterations {
-		mid := math.Sqrt(lo * hi)
-		if total(mid) < load {
-			lo = mid
-		} else {
-			hi = mid
-		}
+	at := func(i int, m float64) float64 { return utilisationAt(c[i], v[i], m) }
+	m, ok := fillTo(c, v, load, at, lo, 2*lo, func(lo, hi float64) float64 { return math.Sqrt(lo * hi) })
+	if !ok {
+		return nil, false
 	}
 	out = make([]float64, len(c))
 	for i := range c {
-		out[i] = c[i] * v[i] * utilisationAt(c[i], v[i], hi)
+		out[i] = c[i] * v[i] * at(i, m)
 	}
 	return out, true
 }
