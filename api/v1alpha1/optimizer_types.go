@@ -143,7 +143,10 @@ type Optimization struct {
 
 	// speed_tilt_percent bends weights from plain capacity shares toward
 	// faster pods (capacity x speed^(tilt/100)); a little tilt lowers tail
-	// latency on unlike hardware. 0 gives exactly equal utilisation.
+	// latency on unlike hardware. 0 gives pods of one core count equal
+	// utilisation once the Service is above 60% load (below it, and for
+	// pods of unlike core counts at any load, the weights also minimise
+	// queueing: see the README's "Weights").
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional
