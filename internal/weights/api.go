@@ -43,7 +43,8 @@ type Params struct {
 	// (relative to the other pods) to the power SpeedTilt. Capacity shares
 	// equalise utilisation, but a request on a slow pod takes longer at the
 	// same utilisation, so the slowest pods set the tail; a small tilt
-	// lowers p99 at every load. 0 = plain capacity shares. With the default
+	// lowers p99 at every load. 0 = no tilt (capacity shares, but for
+	// MinimizeLatency's departures from them). With the default
 	// 0.03, pods of speeds 1 : 0.35 get shares about 1% above and 2% below
 	// their capacity shares.
 	SpeedTilt float64
@@ -57,7 +58,8 @@ type Params struct {
 	// full load it tends to capacity shares. Above the split's range,
 	// pods of unlike cores get unlike utilisations, the many-core ones
 	// fuller, since their queues are shorter at one utilisation
-	// (queueUtilisations; with CPU alone, only pods with CPU limits);
+	// (queueUtilisations; with CPU alone, only when every pod has a CPU
+	// limit);
 	// pods of one core count keep capacity shares. It needs the pods' CPU
 	// data; SpeedTilt applies when it does not (see split.go). false =
 	// capacity shares (tilted by SpeedTilt) at every load.

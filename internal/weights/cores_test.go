@@ -165,6 +165,32 @@ func TestLatencySplit(t *testing.T) {
 	}
 }
 
+// Near full load the utilisations fade to the Service's own: the fullest
+// pod stays below the saturation threshold while the Service is (which
+// would take the adjustment away the next cycle), and nothing jumps at
+// maxSplitLoad.
+func TestQueueUtilisationsFadeNearFullLoad(t *testing.T) {
+	cores, speed := []float64{1, 2, 4, 8}, []float64{1, 1, 1, 1}
+	_, total := capacities(cores, speed)
+	for k := 0; ; k++ {
+		load := 0.80 + 0.0025*float64(k)
+		if load >= maxSplitLoad {
+			break
+		}
+		rho, ok := queueUtilisations(cores, speed, load*total)
+		if !ok {
+			t.Fatalf("load %.4f: no utilisations", load)
+		}
+		fullest := slices.Max(rho)
+		if load <= saturatedUse-0.01 && fullest >= saturatedUse-0.003 {
+			t.Errorf("load %.4f: the 8-core pod at %.4f, want below %v", load, fullest, saturatedUse-0.003)
+		}
+		if load > maxSplitLoad-0.003 && fullest-load > 0.002 {
+			t.Errorf("load %.4f: the 8-core pod at %.4f, want within 0.2%% of the load by maxSplitLoad", load, fullest)
+		}
+	}
+}
+
 // capacities returns each pod's cores times speed, and their sum.
 func capacities(cores, speed []float64) (capacity []float64, total float64) {
 	capacity = make([]float64, len(cores))
@@ -225,16 +251,16 @@ func TestQueueUtilisations(t *testing.T) {
 
 // runUnlikeCores runs cycles of a Service of pods a, b and c (1, 2 and 8
 // cores, equal speed) at load of its capacity, each pod's CPU following
-// its weight share; with limits the pods have Cores, else a 1-core
-// request and a node whose idle CPU shows their cores. It returns the
-// last weights per core of b and c over a's.
-func runUnlikeCores(t *testing.T, p Params, limits, withRequests bool, load float64) (b, c float64) {
+// its weight share; the pods named in limited have Cores, the others a
+// 1-core request and a node whose idle CPU shows their cores. It returns
+// the last weights per core of b and c over a's.
+func runUnlikeCores(t *testing.T, p Params, limited string, withRequests bool, load float64) (b, c float64) {
 	t.Helper()
 	cores := map[string]float64{"a": 1, "b": 2, "c": 8}
 	var set []Pod
 	for _, name := range []string{"a", "b", "c"} {
 		pod := Pod{Name: name, Locality: "r/z/s", Node: "node-" + name}
-		if limits {
+		if strings.Contains(limited, name) {
 			pod.Cores = cores[name]
 		} else {
 			pod.CPURequest, pod.NodeCores = 1, 4*cores[name]
@@ -278,22 +304,25 @@ func TestUnlikeCoresRunAtUnlikeUtilisations(t *testing.T) {
 	}
 	wantB, wantC := rho[1]/rho[0], rho[2]/rho[0]
 	tests := []struct {
-		name                     string
-		minimize, limits, withRq bool
-		b, c                     float64
+		name     string
+		minimize bool
+		limited  string // the pods with a CPU limit
+		withRq   bool
+		b, c     float64
 	}{
-		{"limits, request rates", true, true, true, wantB, wantC},
-		{"limits, CPU alone", true, true, false, wantB, wantC},
-		{"no limits, request rates", true, false, true, wantB, wantC},
-		{"no limits, CPU alone: capacity shares", true, false, false, 1, 1},
-		{"without MinimizeLatency: capacity shares", false, true, true, 1, 1},
+		{"limits, request rates", true, "abc", true, wantB, wantC},
+		{"limits, CPU alone", true, "abc", false, wantB, wantC},
+		{"no limits, request rates", true, "", true, wantB, wantC},
+		{"no limits, CPU alone: capacity shares", true, "", false, 1, 1},
+		{"one pod without a limit, CPU alone: capacity shares", true, "ab", false, 1, 1},
+		{"without MinimizeLatency: capacity shares", false, "abc", true, 1, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := DefaultParams()
 			p.SpeedTilt = 0
 			p.MinimizeLatency = tc.minimize
-			b, c := runUnlikeCores(t, p, tc.limits, tc.withRq, 0.85)
+			b, c := runUnlikeCores(t, p, tc.limited, tc.withRq, 0.85)
 			if !near(b, tc.b, 0.04) || !near(c, tc.c, 0.04) {
 				t.Errorf("weight per core of b and c over a's: %.3f and %.3f, want %.3f and %.3f", b, c, tc.b, tc.c)
 			}
@@ -796,8 +825,7 @@ func TestSplitCoresPoolsEstimates(t *testing.T) {
 	}
 	e := New(DefaultParams())
 	e.state("e2").cores, e.state("e2b").cores, e.state("e4").cores = 2, 2.2, 4
-	caps, perCore := e.capacitiesPerCore(set)
-	cores, pooled := e.splitCores(set, caps, perCore)
+	cores, pooled := e.splitCores(set)
 	want := []float64{2, 2.2, 4, 2, 2.2, 2.2}
 	for i := range want {
 		if !near(cores[i], want[i], 1e-9) {

@@ -129,8 +129,9 @@
 //     faster by noise taking it all, a different one each cycle. It is
 //     used in
 //     full below 40% of the capacity and blended linearly into step 1's
-//     capacity shares by 60%: a busy Service needs even utilisation, and
-//     ROUND_ROBIN's contract is capacity-proportional traffic. Without CPU
+//     weights by 60%: for pods of one core count a busy Service needs even
+//     utilisation, and ROUND_ROBIN's contract is capacity-proportional
+//     traffic (pods of unlike cores, see step 1). Without CPU
 //     data for every pod, step 1 applies alone. The load is the larger of
 //     the average and the last window's, so a rising load is not averaged
 //     away.
@@ -147,11 +148,15 @@
 //     d(rho w)/d rho, is the same as every other pod's
 //     (queueUtilisations), since at one utilisation a pod's queue is the
 //     shorter the more cores it has (at 85%, 5.7 service times on one
-//     core and 0.5 on eight). Pods of one core count keep capacity shares
-//     exactly, whatever their speeds. Estimated cores within coresPool
-//     (a fifth) of each other are pooled first, and with CPU alone only
-//     pods with CPU limits are moved: a pod run fuller against a ceiling
-//     read from its node's noisy idle CPU is judged at it and drained.
+//     core and 0.5 on eight). From 90% of the capacity (queueFadeFrom)
+//     the utilisations fade back to the Service's own by 98%, so that the
+//     fullest pod stays below the saturation threshold. Pods of one core
+//     count keep capacity shares, whatever their speeds. Estimated cores
+//     within coresPool (a fifth) of each other are pooled first (close
+//     estimates come out close, not always equal), and with CPU alone only
+//     a Service whose pods all have CPU limits is moved: a pod run fuller
+//     against a ceiling read from its node's noisy idle CPU is judged at
+//     it and drained.
 //  2. Slow start scales a new pod's weight from 10% up to full over
 //     SlowStart after it became ready.
 //  3. Pods with a backlog are drained (below).

@@ -584,21 +584,23 @@ func (e *Engine) targets(set []Pod) []float64 {
 	if !e.params.MinimizeLatency || !(e.splitLoad > 0) {
 		return caps
 	}
-	cores, pooled := e.splitCores(set, caps, perCore)
+	cores, pooled := e.splitCores(set)
 	capacity := 0.0
 	for i := range set {
 		capacity += cores[i] * perCore[i]
 	}
 	// Unlike cores run at unlike utilisations, at every load the split
 	// leaves to capacity shares (see split.go); pods of one core count
-	// get rho equal, which leaves their shares as they were. A pod run
-	// fuller must be watched: by its backlog (request rates) or against
-	// a CPU limit. With CPU alone and cores read from the node's noisy
-	// idle CPU, a fuller pod is judged at its limit by that noise and
-	// drained, and back, every cycle.
-	if rho, ok := queueUtilisations(pooled, perCore, e.splitLoad); ok && (e.lastFromRequests || allKnownCores(set)) {
-		for i := range caps {
-			caps[i] = min(max(caps[i]*rho[i], 1e-12), 1e12)
+	// keep their shares. A pod run fuller must be watched: by its backlog
+	// (request rates) or against a CPU limit. With CPU alone and cores
+	// read from the node's noisy idle CPU, a fuller pod is judged at its
+	// limit by that noise and drained, and back, every cycle; so then
+	// only a Service whose pods all have limits is moved.
+	if (e.lastFromRequests || allKnownCores(set)) && slices.ContainsFunc(pooled, func(c float64) bool { return c != pooled[0] }) {
+		if rho, ok := queueUtilisations(pooled, perCore, e.splitLoad); ok {
+			for i := range caps {
+				caps[i] = min(max(caps[i]*rho[i], 1e-12), 1e12)
+			}
 		}
 	}
 	// The split is used in full while the Service has room to spare and
@@ -637,13 +639,13 @@ func allKnownCores(set []Pod) bool {
 
 // splitCores returns the cores the split and queueUtilisations take each
 // pod to have: coresOf, or the median of the others' (as
-// capacitiesPerCore takes it) when nothing is known of its own; pods of
-// which nothing is known at all count as equal (their relative cores).
+// capacitiesPerCore takes it) when nothing is known of its own; when
+// nothing is known of any pod's, 1 each.
 // pooled has the estimated cores within coresPool of each other pooled
 // (poolSpeeds); cores from a limit are exact and left alone. The split
 // takes them unpooled: at low load a few percent of cores matter little
 // against the speeds.
-func (e *Engine) splitCores(set []Pod, caps, perCore []float64) (cores, pooled []float64) {
+func (e *Engine) splitCores(set []Pod) (cores, pooled []float64) {
 	cores = make([]float64, len(set))
 	var seen []float64
 	for i, pod := range set {
@@ -658,7 +660,7 @@ func (e *Engine) splitCores(set []Pod, caps, perCore []float64) (cores, pooled [
 		if !(cores[i] > 0) {
 			cores[i] = typical
 			if !(typical > 0) {
-				cores[i] = caps[i] / perCore[i]
+				cores[i] = 1 // all alike, as capacitiesPerCore takes them
 			}
 		}
 		if !knownCores(pod) {
