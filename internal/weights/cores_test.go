@@ -825,7 +825,8 @@ func TestSplitCoresPoolsEstimates(t *testing.T) {
 	}
 	e := New(DefaultParams())
 	e.state("e2").cores, e.state("e2b").cores, e.state("e4").cores = 2, 2.2, 4
-	cores, pooled := e.splitCores(set)
+	cores := e.splitCores(set)
+	pooled := poolCores(set, cores)
 	want := []float64{2, 2.2, 4, 2, 2.2, 2.2}
 	for i := range want {
 		if !near(cores[i], want[i], 1e-9) {

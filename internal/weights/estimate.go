@@ -584,7 +584,7 @@ func (e *Engine) targets(set []Pod) []float64 {
 	if !e.params.MinimizeLatency || !(e.splitLoad > 0) {
 		return caps
 	}
-	cores, pooled := e.splitCores(set)
+	cores := e.splitCores(set)
 	capacity := 0.0
 	for i := range set {
 		capacity += cores[i] * perCore[i]
@@ -596,10 +596,12 @@ func (e *Engine) targets(set []Pod) []float64 {
 	// read from the node's noisy idle CPU, a fuller pod is judged at its
 	// limit by that noise and drained, and back, every cycle; so then
 	// only a Service whose pods all have limits is moved.
-	if (e.lastFromRequests || allKnownCores(set)) && slices.ContainsFunc(pooled, func(c float64) bool { return c != pooled[0] }) {
-		if rho, ok := queueUtilisations(pooled, perCore, e.splitLoad); ok {
-			for i := range caps {
-				caps[i] = min(max(caps[i]*rho[i], 1e-12), 1e12)
+	if (e.lastFromRequests || allKnownCores(set)) && !allEqual(cores) {
+		if pooled := poolCores(set, cores); !allEqual(pooled) {
+			if rho, ok := queueUtilisations(pooled, perCore, e.splitLoad); ok {
+				for i := range caps {
+					caps[i] = min(max(caps[i]*rho[i], 1e-12), 1e12)
+				}
 			}
 		}
 	}
@@ -641,12 +643,8 @@ func allKnownCores(set []Pod) bool {
 // pod to have: coresOf, or the median of the others' (as
 // capacitiesPerCore takes it) when nothing is known of its own; when
 // nothing is known of any pod's, 1 each.
-// pooled has the estimated cores within coresPool of each other pooled
-// (poolSpeeds); cores from a limit are exact and left alone. The split
-// takes them unpooled: at low load a few percent of cores matter little
-// against the speeds.
-func (e *Engine) splitCores(set []Pod) (cores, pooled []float64) {
-	cores = make([]float64, len(set))
+func (e *Engine) splitCores(set []Pod) []float64 {
+	cores := make([]float64, len(set))
 	var seen []float64
 	for i, pod := range set {
 		if c := e.coresOf(pod); c > 0 {
@@ -655,19 +653,35 @@ func (e *Engine) splitCores(set []Pod) (cores, pooled []float64) {
 		}
 	}
 	typical := median(seen)
-	tol := make([]float64, len(set))
-	for i, pod := range set {
+	for i := range set {
 		if !(cores[i] > 0) {
 			cores[i] = typical
 			if !(typical > 0) {
 				cores[i] = 1 // all alike, as capacitiesPerCore takes them
 			}
 		}
+	}
+	return cores
+}
+
+// poolCores returns the cores with the estimated ones (pods without a
+// limit) within coresPool of each other pooled (poolSpeeds); cores from a
+// limit are exact and left alone. queueUtilisations takes them pooled;
+// the split takes them as they are (at low load a few percent of cores
+// matter little against the speeds).
+func poolCores(set []Pod, cores []float64) []float64 {
+	tol := make([]float64, len(set))
+	for i, pod := range set {
 		if !knownCores(pod) {
 			tol[i] = coresPool
 		}
 	}
-	return cores, poolSpeeds(cores, tol)
+	return poolSpeeds(cores, tol)
+}
+
+// allEqual reports whether every value is the first.
+func allEqual(xs []float64) bool {
+	return !slices.ContainsFunc(xs, func(x float64) bool { return x != xs[0] })
 }
 
 // capacitiesPerCore returns each pod's capacity and its speed per core.
