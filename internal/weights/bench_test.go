@@ -2,6 +2,7 @@ package weights
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 )
@@ -59,8 +60,9 @@ func BenchmarkQueueUtilisations4096(b *testing.B) {
 	c, v := make([]float64, MaxEndpoints), make([]float64, MaxEndpoints)
 	capacity := 0.0
 	for i := range c {
+		// Estimated cores and speeds: every pod's its own.
 		c[i] = 1 + 7*float64(i)/MaxEndpoints
-		v[i] = 0.5 + 0.5*float64(i%2)
+		v[i] = 0.5 + 0.5*math.Mod(float64(i)*0.618034, 1)
 		capacity += c[i] * v[i]
 	}
 	for b.Loop() {

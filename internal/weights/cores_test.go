@@ -2,6 +2,7 @@ package weights
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -170,24 +171,48 @@ func TestLatencySplit(t *testing.T) {
 // would take the adjustment away the next cycle), and nothing jumps at
 // maxSplitLoad.
 func TestQueueUtilisationsFadeNearFullLoad(t *testing.T) {
-	cores, speed := []float64{1, 2, 4, 8}, []float64{1, 1, 1, 1}
-	_, total := capacities(cores, speed)
-	for k := 0; ; k++ {
-		load := 0.80 + 0.0025*float64(k)
-		if load >= maxSplitLoad {
-			break
-		}
-		rho, ok := queueUtilisations(cores, speed, load*total)
-		if !ok {
-			t.Fatalf("load %.4f: no utilisations", load)
-		}
-		fullest := slices.Max(rho)
-		if load <= saturatedUse-0.01 && fullest >= saturatedUse-0.003 {
-			t.Errorf("load %.4f: the 8-core pod at %.4f, want below %v", load, fullest, saturatedUse-0.003)
-		}
-		if load > maxSplitLoad-0.003 && fullest-load > 0.002 {
-			t.Errorf("load %.4f: the 8-core pod at %.4f, want within 0.2%% of the load by maxSplitLoad", load, fullest)
-		}
+	// The 1-2-4-8 mix, and skewed ones where many few-core pods push one
+	// large pod past the saturation threshold before queueFadeFrom.
+	mixes := map[string]map[float64]int{ // cores: how many pods
+		"1, 2, 4 and 8 cores":              {1: 1, 2: 1, 4: 1, 8: 1},
+		"twenty 1-core pods and an 8-core": {1: 20, 8: 1},
+		"fifty 1-core pods and a 16-core":  {1: 50, 16: 1},
+		"a hundred 1-core and a 32-core":   {1: 100, 32: 1},
+	}
+	for name, mix := range mixes {
+		t.Run(name, func(t *testing.T) {
+			var cores, speed []float64
+			for _, c := range slices.Sorted(maps.Keys(mix)) {
+				for range mix[c] {
+					cores, speed = append(cores, c), append(speed, 1)
+				}
+			}
+			_, total := capacities(cores, speed)
+			for k := 0; ; k++ {
+				load := 0.70 + 0.0025*float64(k)
+				if load >= maxSplitLoad {
+					break
+				}
+				rho, ok := queueUtilisations(cores, speed, load*total)
+				if !ok {
+					t.Fatalf("load %.4f: no utilisations", load)
+				}
+				work := 0.0
+				for i := range rho {
+					work += cores[i] * speed[i] * rho[i]
+				}
+				if !near(work, load*total, 1e-6) {
+					t.Errorf("load %.4f: work %v, want %v", load, work, load*total)
+				}
+				fullest := slices.Max(rho)
+				if fullest > max(load, queueFullest)+1e-9 {
+					t.Errorf("load %.4f: the fullest pod at %.4f, want at most %v", load, fullest, max(load, queueFullest))
+				}
+				if load > maxSplitLoad-0.003 && fullest-load > 0.002 {
+					t.Errorf("load %.4f: the fullest pod at %.4f, want within 0.2%% of the load by maxSplitLoad", load, fullest)
+				}
+			}
+		})
 	}
 }
 
@@ -254,7 +279,7 @@ func TestQueueUtilisations(t *testing.T) {
 // its weight share; the pods named in limited have Cores, the others a
 // 1-core request and a node whose idle CPU shows their cores. It returns
 // the last weights per core of b and c over a's.
-func runUnlikeCores(t *testing.T, p Params, limited string, withRequests bool, load float64) (b, c float64) {
+func runUnlikeCores(t *testing.T, p Params, limited string, withRequests func(cycle int) bool, cycles int, load float64) (b, c float64) {
 	t.Helper()
 	cores := map[string]float64{"a": 1, "b": 2, "c": 8}
 	var set []Pod
@@ -270,7 +295,7 @@ func runUnlikeCores(t *testing.T, p Params, limited string, withRequests bool, l
 	e := New(p)
 	now := t0
 	e.Applied(now, e.Weights(now, set))
-	for range 12 {
+	for k := range cycles {
 		now = now.Add(quiet)
 		sum := 0.0
 		for _, w := range e.live {
@@ -280,7 +305,7 @@ func runUnlikeCores(t *testing.T, p Params, limited string, withRequests bool, l
 		for name, c := range cores {
 			cpu := load * 11 * float64(e.live[name]) / sum
 			sig := Signal{CPU: cpu, Requests: math.NaN(), Latency: math.NaN(), NodeCPU: 4*c - c + cpu}
-			if withRequests {
+			if withRequests(k) {
 				sig.Requests = 100 * cpu
 			}
 			obs.Signals[name] = sig
@@ -322,7 +347,34 @@ func TestUnlikeCoresRunAtUnlikeUtilisations(t *testing.T) {
 			p := DefaultParams()
 			p.SpeedTilt = 0
 			p.MinimizeLatency = tc.minimize
-			b, c := runUnlikeCores(t, p, tc.limited, tc.withRq, 0.85)
+			b, c := runUnlikeCores(t, p, tc.limited, func(int) bool { return tc.withRq }, 12, 0.85)
+			if !near(b, tc.b, 0.04) || !near(c, tc.c, 0.04) {
+				t.Errorf("weight per core of b and c over a's: %.3f and %.3f, want %.3f and %.3f", b, c, tc.b, tc.c)
+			}
+		})
+	}
+}
+
+// Pods without limits run at unlike utilisations on request rates; one
+// window without them (a failed scrape, patchy metrics) keeps that, and
+// only requestsGrace windows in a row hand the Service to CPU alone's
+// capacity shares.
+func TestUnlikeCoresOutlastAWindowWithoutRequests(t *testing.T) {
+	rho, _ := queueUtilisations([]float64{1, 2, 8}, []float64{1, 1, 1}, 0.85*11)
+	wantB, wantC := rho[1]/rho[0], rho[2]/rho[0]
+	p := DefaultParams()
+	p.SpeedTilt = 0
+	for _, tc := range []struct {
+		name    string
+		without int // cycles without request rates after 12 with
+		b, c    float64
+	}{
+		{"one window without", 1, wantB, wantC},
+		{"requestsGrace windows without", requestsGrace - 1, wantB, wantC},
+		{"a dozen windows without: CPU alone", 12, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, c := runUnlikeCores(t, p, "", func(k int) bool { return k < 12 }, 12+tc.without, 0.85)
 			if !near(b, tc.b, 0.04) || !near(c, tc.c, 0.04) {
 				t.Errorf("weight per core of b and c over a's: %.3f and %.3f, want %.3f and %.3f", b, c, tc.b, tc.c)
 			}
@@ -810,7 +862,7 @@ func TestHeldCeilingIsDroppedOnAnotherNode(t *testing.T) {
 	}
 }
 
-// Estimated cores a few percent apart are pooled before they set
+// Estimated cores 10% apart are pooled before they set
 // utilisations (noise, for pods of one core count), cores twice apart are
 // not, and cores from a limit are exact; a pod of which nothing is known
 // counts as the median of the others.

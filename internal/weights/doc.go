@@ -149,8 +149,9 @@
 //     (queueUtilisations), since at one utilisation a pod's queue is the
 //     shorter the more cores it has (at 85%, 5.7 service times on one
 //     core and 0.5 on eight). From 90% of the capacity (queueFadeFrom)
-//     the utilisations fade back to the Service's own by 98%, so that the
-//     fullest pod stays below the saturation threshold. Pods of one core
+//     the utilisations fade back to the Service's own by 98%, and no pod
+//     is given more than 95% (queueFullest), so that the fullest pod stays
+//     below the saturation threshold whatever the mix. Pods of one core
 //     count keep capacity shares, whatever their speeds. Estimated cores
 //     within coresPool (a fifth) of each other are pooled first (close
 //     estimates come out close, not always equal), and with CPU alone only

@@ -39,6 +39,11 @@ type Engine struct {
 	// lastFromRequests: the last cycle with data learned from request rates;
 	// lastWithLatency: it had latency data too.
 	lastFromRequests, lastWithLatency bool
+	// requestsLately counts down the cycles, from requestsGrace, since the
+	// last one learned from request rates: unlike cores are run at unlike
+	// utilisations on request rates (see targets), and one window of
+	// patchy request metrics must not take that away and give it back.
+	requestsLately int
 	// lastLearned is the Learned of the last result: false means the
 	// operator runs LEAST_REQUEST, where traffic does not follow weights.
 	lastLearned bool
@@ -294,6 +299,11 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	shares := e.windowShares(now, set)
 	learnedFrom := e.learn(now, set, sig, shares, obs.Early)
 	e.lastFromRequests = sig.fromRequests
+	if sig.fromRequests {
+		e.requestsLately = requestsGrace
+	} else {
+		e.requestsLately = max(0, e.requestsLately-1)
+	}
 	e.lastWithLatency = sig.withLatency > 0
 	e.estimateCores(now, set, sig, shares)
 	load := e.offeredLoad(set, sig)

@@ -596,7 +596,9 @@ func (e *Engine) targets(set []Pod) []float64 {
 	// read from the node's noisy idle CPU, a fuller pod is judged at its
 	// limit by that noise and drained, and back, every cycle; so then
 	// only a Service whose pods all have limits is moved.
-	if (e.lastFromRequests || allKnownCores(set)) && !allEqual(cores) {
+	// Request rates count until requestsGrace cycles have gone by
+	// without them.
+	if (e.requestsLately > 0 || allKnownCores(set)) && !allEqual(cores) {
 		if pooled := poolCores(set, cores); !allEqual(pooled) {
 			if rho, ok := queueUtilisations(pooled, perCore, e.splitLoad); ok {
 				for i := range caps {

@@ -58,16 +58,23 @@ const (
 	// are the utilisations of unlike cores (queueUtilisations): a Service
 	// that full has no headroom to move between its pods.
 	maxSplitLoad = 0.98
-	// fillGrid is the log-scale step within which fillTo takes cores and
-	// speeds as equal while it solves for the marginal cost (each pod's
+	// fillGrid is the log-scale step within which fillTo takes cores (and
+	// speeds) as equal while it solves for the marginal cost (each pod's
 	// own utilisation is then computed from its own).
 	fillGrid = 0.01
 	// queueFadeFrom: see queueUtilisations. At 90% load the fullest of
 	// 1- to 8-core pods is at 93%; at 96% it would be at the saturation
 	// threshold (saturatedUse).
 	queueFadeFrom = 0.9
+	// queueFullest bounds the utilisation queueUtilisations gives any pod,
+	// below saturatedUse with room for the speed tilt (about 1%): with
+	// many few-core pods beside one large one, the large one is past 96%
+	// before the load reaches queueFadeFrom (one 32-core pod beside a
+	// hundred 1-core ones: 97.5% at 89% load).
+	queueFullest = 0.95
 	// coresPool is the log-scale band within which estimated cores are
-	// pooled before queueUtilisations and the split (see poolSpeeds):
+	// pooled before queueUtilisations (see poolSpeeds; the split takes
+	// them as they are):
 	// the node's idle CPU of one window strays by 10-30% of a pod's cores,
 	// and the cores read from the latency by up to 15% under heavy-tailed
 	// work, so pods whose estimates are within about a fifth are taken as
@@ -75,6 +82,10 @@ const (
 	// apart partly (2 and 3 cores: 2.19 and 2.74), and pods 1.82 times
 	// apart or more (2 and 4 cores) not at all.
 	coresPool = 0.2
+	// requestsGrace is how many cycles without request rates (a patchy
+	// window, a failed scrape) keep unlike cores at unlike utilisations
+	// before CPU alone's rule takes over (see targets).
+	requestsGrace = 3
 )
 
 // queueUtilisations returns the utilisation of each pod, of cores c and
@@ -92,7 +103,7 @@ func queueUtilisations(c, v []float64, load float64) (rho []float64, ok bool) {
 	// The utilisation of a pod at marginal cost m is utilisationAt with
 	// speed 1 and cost 1+m (the cost of a request of unit work).
 	at := func(i int, m float64) float64 { return utilisationAt(c[i], 1, 1+m) }
-	m, ok := fillTo(c, v, load, at, 0, 1, func(lo, hi float64) float64 { return (lo + hi) / 2 })
+	m, ok := fillTo(c, v, load, at, false, 0, 1, func(lo, hi float64) float64 { return (lo + hi) / 2 })
 	if !ok {
 		return nil, false
 	}
@@ -105,11 +116,22 @@ func queueUtilisations(c, v []float64, load float64) (rho []float64, ok bool) {
 	for i := range c {
 		capacity += c[i] * v[i]
 	}
+	// The fade is also bound so that the fullest pod stays at most
+	// queueFullest, whatever the mix; both bounds are continuous in the
+	// load, and both keep the load met.
 	u := load / capacity
 	f := min(1, (maxSplitLoad-u)/(maxSplitLoad-queueFadeFrom))
 	rho = make([]float64, len(c))
+	fullest := 0.0
 	for i := range c {
-		rho[i] = u + f*(at(i, m)-u)
+		rho[i] = at(i, m)
+		fullest = max(fullest, rho[i])
+	}
+	if fullest > queueFullest {
+		f = min(f, max(0, (queueFullest-u)/(fullest-u)))
+	}
+	for i := range c {
+		rho[i] = u + f*(rho[i]-u)
 	}
 	return rho, true
 }
@@ -131,12 +153,13 @@ func splittable(c, v []float64, load float64) bool {
 // fillTo returns the common marginal cost m at which the pods, each at
 // utilisation at(i, m), do load units of work: hi is doubled from the
 // given value until they do at least that much, then [lo, hi] is
-// bisected at mid(lo, hi); ok is false when 60 doublings do not reach it.
-// at(i, m) depends on pod i's cores and speed only, so pods whose cores
-// and speeds are within fillGrid of each other are summed as one (the
-// first of them stands for all): a Service of 4096 pods with as many
-// estimated cores took a second a cycle, pod by pod.
-func fillTo(c, v []float64, load float64, at func(i int, m float64) float64, lo, hi float64, mid func(lo, hi float64) float64) (m float64, ok bool) {
+// bisected at mid(lo, hi); ok is false when 61 doublings do not reach it.
+// at(i, m) depends on pod i's cores only, or on its cores and speed when
+// bySpeed, so pods whose cores (and speeds) round to the same step of
+// fillGrid in log scale are summed as one (the first of them stands for
+// all): a Service of 4096 pods with as many estimated cores took a second
+// a cycle, pod by pod.
+func fillTo(c, v []float64, load float64, at func(i int, m float64) float64, bySpeed bool, lo, hi float64, mid func(lo, hi float64) float64) (m float64, ok bool) {
 	type group struct {
 		pod  int
 		work float64 // the group's cores times speed
@@ -144,7 +167,10 @@ func fillTo(c, v []float64, load float64, at func(i int, m float64) float64, lo,
 	var groups []group
 	index := map[[2]int64]int{}
 	for i := range c {
-		key := [2]int64{int64(math.Round(math.Log(c[i]) / fillGrid)), int64(math.Round(math.Log(v[i]) / fillGrid))}
+		key := [2]int64{int64(math.Round(math.Log(c[i]) / fillGrid)), 0}
+		if bySpeed {
+			key[1] = int64(math.Round(math.Log(v[i]) / fillGrid))
+		}
 		g, seen := index[key]
 		if !seen {
 			g = len(groups)
@@ -218,7 +244,7 @@ func latencySplit(c, v []float64, load float64) (out []float64, ok bool) {
 		lo = min(lo, 1/v[i])
 	}
 	at := func(i int, m float64) float64 { return utilisationAt(c[i], v[i], m) }
-	m, ok := fillTo(c, v, load, at, lo, 2*lo, func(lo, hi float64) float64 { return math.Sqrt(lo * hi) })
+	m, ok := fillTo(c, v, load, at, true, lo, 2*lo, func(lo, hi float64) float64 { return math.Sqrt(lo * hi) })
 	if !ok {
 		return nil, false
 	}
