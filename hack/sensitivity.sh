@@ -108,6 +108,10 @@ constant $w/split.go maxSplitLoad 0.98 0.9
 constant $w/split.go maxSplitLoad 0.98 0.99
 constant $w/split.go queueFadeFrom 0.9 0.45
 constant $w/split.go queueFadeFrom 0.9 0.95
+constant $w/split.go queueFullest 0.95 0.475
+constant $w/split.go queueFullest 0.95 0.97
+constant $w/split.go requestsGrace 3 1
+constant $w/split.go requestsGrace 3 6
 constant $w/split.go offeredGain 0.25 0.125
 constant $w/split.go offeredGain 0.25 0.5
 constant $w/learned.go learnedShare 0.9 0.8
