@@ -54,8 +54,8 @@ func BenchmarkPoolSpeeds4096(b *testing.B) {
 }
 
 // BenchmarkQueueUtilisations4096 times queueUtilisations for the largest
-// ServiceEntry at 85% load, every pod's cores and speed a different estimate (the
-// costliest case: pods with limits share a few core counts).
+// ServiceEntry at 85% load, every pod's cores and speed a different
+// estimate (the costliest case: pods with limits share a few core counts).
 func BenchmarkQueueUtilisations4096(b *testing.B) {
 	c, v := make([]float64, MaxEndpoints), make([]float64, MaxEndpoints)
 	capacity := 0.0

@@ -187,7 +187,7 @@ func TestQueueUtilisationsFadeNearFullLoad(t *testing.T) {
 					cores, speed = append(cores, c), append(speed, 1)
 				}
 			}
-			_, total := capacities(cores, speed)
+			capacity, total := capacities(cores, speed)
 			for k := 0; ; k++ {
 				load := 0.70 + 0.0025*float64(k)
 				if load >= maxSplitLoad {
@@ -199,7 +199,7 @@ func TestQueueUtilisationsFadeNearFullLoad(t *testing.T) {
 				}
 				work := 0.0
 				for i := range rho {
-					work += cores[i] * speed[i] * rho[i]
+					work += capacity[i] * rho[i]
 				}
 				if !near(work, load*total, 1e-6) {
 					t.Errorf("load %.4f: work %v, want %v", load, work, load*total)

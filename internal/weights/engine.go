@@ -36,14 +36,14 @@ type Engine struct {
 	// act on live weights only.
 	unapplied bool
 
-	// lastFromRequests: the last cycle with data learned from request rates;
-	// lastWithLatency: it had latency data too.
-	lastFromRequests, lastWithLatency bool
 	// requestsLately counts down the cycles, from requestsGrace, since the
-	// last one learned from request rates: unlike cores are run at unlike
-	// utilisations on request rates (see targets), and one window of
-	// patchy request metrics must not take that away and give it back.
-	requestsLately int
+	// last one with data learned from request rates (lastFromRequests):
+	// unlike cores are run at unlike utilisations on request rates (see
+	// targets), and one window of patchy request metrics must not take
+	// that away and give it back. lastWithLatency: the last cycle had
+	// latency data.
+	requestsLately  int
+	lastWithLatency bool
 	// lastLearned is the Learned of the last result: false means the
 	// operator runs LEAST_REQUEST, where traffic does not follow weights.
 	lastLearned bool
@@ -298,7 +298,6 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	e.judgeRecent(set, sig)
 	shares := e.windowShares(now, set)
 	learnedFrom := e.learn(now, set, sig, shares, obs.Early)
-	e.lastFromRequests = sig.fromRequests
 	if sig.fromRequests {
 		e.requestsLately = requestsGrace
 	} else {
@@ -537,3 +536,7 @@ func median(xs []float64) float64 {
 	}
 	return (xs[n/2-1] + xs[n/2]) / 2
 }
+
+// lastFromRequests reports whether the last cycle with data learned the
+// pods' capacities from request rates.
+func (e *Engine) lastFromRequests() bool { return e.requestsLately == requestsGrace }

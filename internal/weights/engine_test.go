@@ -670,7 +670,7 @@ func TestMoveBandsNarrowByLoad(t *testing.T) {
 			t.Errorf("%s: band at 60%% minus band at 85%% = %v, want %v", pod.Name, d, want)
 		}
 	}
-	e.lastFromRequests = false
+	e.requestsLately = 0 // CPU alone
 	e.offered *= 0.85 / 0.6
 	for i, b := range e.moveBands(pods) {
 		if b != high[i] {

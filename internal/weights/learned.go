@@ -64,7 +64,7 @@ func (e *Engine) learned(now time.Time, set []Pod, w map[string]uint32, mode Mod
 			// cover the change yet (see noteSuspects).
 			return false
 		}
-		if e.settled(pod, e.lastFromRequests) {
+		if e.settled(pod, e.lastFromRequests()) {
 			continue
 		}
 		share := float64(w[pod.Name]) / newTotal
