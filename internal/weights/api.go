@@ -141,7 +141,22 @@ type Observation struct {
 	// It says nothing of how often cycles run, which the engine measures
 	// (its noise bands and Snapshot depend on it).
 	Early bool
+	// Balancer is the load balancer the clients ran over the query window,
+	// as the policy that writes the DestinationRule knows it; "" = unknown
+	// (the engine then assumes its weights were followed).
+	Balancer Balancer
 }
+
+// Balancer is a client-side load-balancing policy the DestinationRule can set.
+type Balancer string
+
+const (
+	// BalancerRoundRobin: Envoy's weighted ROUND_ROBIN; traffic follows the weights.
+	BalancerRoundRobin Balancer = "ROUND_ROBIN"
+	// BalancerLeastRequest: Envoy's weighted LEAST_REQUEST; traffic follows
+	// the weights only where no queue steers it away.
+	BalancerLeastRequest Balancer = "LEAST_REQUEST"
+)
 
 // Mode says what the engine did this cycle.
 type Mode string
