@@ -43,6 +43,9 @@ type Target struct {
 	Namespace string
 	// Service name (available to templates as .Service).
 	Service string
+	// Host is the optimized host (available to templates as .Host); empty
+	// for the per-pod queries, which do not depend on it.
+	Host string
 	// Pods are the pod names to query. Must not be empty.
 	Pods []string
 	// Window is the range of rate() and similar functions. Must be positive and a
@@ -70,8 +73,8 @@ func (e *TemplateError) Unwrap() error { return e.Err }
 // templateData is what templates see. Every field is already escaped for use
 // inside a PromQL double-quoted string.
 type templateData struct {
-	// Namespace and Service are the escaped names.
-	Namespace, Service string
+	// Namespace, Service and Host are the escaped names.
+	Namespace, Service, Host string
 	// Pods is an alternation of the pod names, each regexp-quoted, for pod=~"...".
 	Pods string
 	// Window is a PromQL duration such as 1m, 90s or 1500ms.
@@ -81,7 +84,8 @@ type templateData struct {
 // Render expands a query template for a target. It is pure and deterministic
 // (pods are rendered in the order given). Templates use Go text/template syntax and
 // see .Namespace, .Service, .Pods and .Window, each already escaped for use inside a
-// PromQL double-quoted string (.Pods also regexp-quoted, for a =~ matcher).
+// PromQL double-quoted string (.Pods also regexp-quoted, for a =~ matcher);
+// .Host is the optimized host, set for the coverage query.
 func Render(tmpl string, t Target) (string, error) {
 	parsed, err := parseTemplate(tmpl)
 	if err != nil {
@@ -95,7 +99,7 @@ func Render(tmpl string, t Target) (string, error) {
 // PromQL syntax; the backend does that.
 func Validate(tmpl string) error {
 	_, err := Render(tmpl, Target{
-		Namespace: "ns", Service: "svc", Pods: []string{"pod-0", "pod-1"}, Window: time.Minute,
+		Namespace: "ns", Service: "svc", Host: "svc.ns.adaptive", Pods: []string{"pod-0", "pod-1"}, Window: time.Minute,
 	})
 	return err
 }
@@ -145,6 +149,7 @@ func newTemplateData(t Target) (templateData, error) {
 	return templateData{
 		Namespace: EscapeString(t.Namespace),
 		Service:   EscapeString(t.Service),
+		Host:      EscapeString(t.Host),
 		Pods:      EscapeString(strings.Join(quoted, "|")),
 		Window:    window,
 	}, nil
