@@ -65,6 +65,10 @@ type MirrorReconciler struct {
 	Hosts *HostClaims
 	// DefaultExportTo is the mesh's defaultServiceExportTo (nil: "*").
 	DefaultExportTo []string
+	// Coverage holds the traffic coverage figures (nil: none measured);
+	// below CoverageThreshold the optimizer is Degraded.
+	Coverage          *CoverageBook
+	CoverageThreshold float64
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
@@ -163,6 +167,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	}
 	r.Loop.Ensure(opt, settings)
 	st.optimization(r.Weights.Outcome(req.NamespacedName), r.Loop.enabled())
+	r.coverage(opt, st)
 
 	in, live, err := r.read(ctx, opt)
 	if err != nil {

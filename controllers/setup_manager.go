@@ -44,6 +44,8 @@ type Options struct {
 	// the export scope of Services without a networking.istio.io/exportTo
 	// annotation, which the owned objects then keep.
 	DefaultExportTo string
+	// Coverage configures the traffic coverage figure (coverage.go).
+	Coverage CoverageOptions
 }
 
 // BindFlags registers the options as flags.
@@ -64,6 +66,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.Func("custom-query-namespaces", "Comma-separated namespaces whose optimizers may set their own query templates.", listFlag(&o.CustomQueries.Namespaces))
 	fs.StringVar(&o.DefaultExportTo, "default-export-to", "*", "The mesh's meshConfig.defaultServiceExportTo, comma-separated (\".\", \"*\" or namespaces): the export scope of Services without a networking.istio.io/exportTo annotation. The operator's objects never reach further than the Service, so set this to what the mesh uses.")
 	o.Engine.BindFlags(fs)
+	o.Coverage.BindFlags(fs)
 }
 
 // Validate reports nonsense settings.
@@ -79,6 +82,9 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("--allowed-host-suffixes: %s", msg)
 		}
 	}
+	if err := o.Coverage.Validate(); err != nil {
+		return err
+	}
 	return o.Engine.Validate()
 }
 
@@ -88,8 +94,11 @@ type Dependencies struct {
 	Metrics       *metrics.Metrics
 	ClusterDomain string
 	// Source answers the weight queries; nil leaves weights equal.
-	Source  MetricsSource
-	Options Options
+	Source MetricsSource
+	// CoverageSource answers the coverage query; nil uses Source when it
+	// can (a *promsource.Source does), else nothing is measured.
+	CoverageSource CoverageSource
+	Options        Options
 	// Namespaces the manager watches (empty: all), for the PodCache.
 	Namespaces []string
 	// WatchErrors receives the PodCache's list and watch errors (may be
@@ -143,6 +152,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 	}
 	if mirror.DefaultExportTo, err = desired.ParseExportTo(d.Options.DefaultExportTo); err != nil {
 		return fmt.Errorf("--default-export-to: %w", err)
+	}
+	if err := setupCoverage(mgr, d, mirror, wake); err != nil {
+		return err
 	}
 	if err := mirror.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("set up mirror controller: %w", err)

@@ -18,6 +18,7 @@ import (
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/controllers"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 	"github.com/liorfranko/istio-adaptive-least-request/test/fixtures"
 	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
@@ -28,6 +29,8 @@ import (
 var (
 	k8s         client.Client
 	testMetrics *metrics.Metrics
+	// testCoverage answers the coverage loop's queries (coverage_test.go).
+	testCoverage = &coverageAnswers{byNamespace: map[string]promsource.Coverage{}}
 )
 
 func TestMain(m *testing.M) {
@@ -58,7 +61,10 @@ func run(m *testing.M) int {
 	testMetrics = metrics.New()
 	if err := controllers.Setup(ctx, mgr, controllers.Dependencies{
 		Clock: clock.RealClock{}, Metrics: testMetrics, ClusterDomain: "cluster.local",
+		CoverageSource: testCoverage,
 		Options: controllers.Options{
+			// Measured every second here so tests need not wait minutes.
+			Coverage: controllers.CoverageOptions{Threshold: 0.9, Interval: time.Second, Query: promsource.DefaultCoverageQuery},
 			MaxConcurrentReconciles: 2,
 			// Cross-namespace targeting and custom queries stay off (the
 			// defaults) except for one namespace each, so tests see both.

@@ -27,6 +27,7 @@ type Metrics struct {
 	Condition        *prometheus.GaugeVec
 	WatchErrors      *prometheus.CounterVec
 	SignalAvailable  *prometheus.GaugeVec
+	TrafficCoverage  *prometheus.GaugeVec
 
 	// pods holds the per-pod series (see podseries.go).
 	pods *podStore
@@ -112,6 +113,10 @@ func New() *Metrics {
 			Name: "optimizer_signal_available",
 			Help: "1 when the last weight cycle had data for a signal (cpu, requests, latency, node_cpu, recent_cpu, recent_latency), 0 when it was disabled or had none; requests 0 means the weights rest on CPU alone.",
 		}, append(append([]string{}, serviceLabels...), "signal")),
+		TrafficCoverage: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_traffic_coverage_ratio",
+			Help: "Share of the requests a Service's pods received over the coverage window that clients sent to the optimized host (through the weights); absent without traffic or when the query fails.",
+		}, serviceLabels),
 	}
 }
 
@@ -136,7 +141,7 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
 		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode,
-		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors, m.SignalAvailable,
+		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors, m.SignalAvailable, m.TrafficCoverage,
 	}
 }
 
@@ -181,7 +186,7 @@ func (m *Metrics) ForgetService(namespace, service string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.QueryLatency, m.QueryErrors,
-		m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints, m.SignalAvailable} {
+		m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints, m.SignalAvailable, m.TrafficCoverage} {
 		v.DeletePartialMatch(svc)
 	}
 }

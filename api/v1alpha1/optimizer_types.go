@@ -187,6 +187,13 @@ type Optimization struct {
 	// node leaves idle. Set to "-" to go without it.
 	// +optional
 	NodeCPUQuery string `json:"node_cpu_query,omitempty"`
+
+	// coverage_query overrides the PromQL template of the traffic coverage
+	// figure: variables of cpu_query and .Host (the optimized host); the
+	// answer's series carry path="received", path="weighted" and, per
+	// bypassing source, path="bypass". Set to "-" to measure nothing.
+	// +optional
+	CoverageQuery string `json:"coverage_query,omitempty"`
 }
 
 // IstioAdaptiveRequestOptimizerSpec is what the user asks for.
@@ -322,6 +329,11 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=2147483647
 	WeightsTotal int32 `json:"weightsTotal,omitempty"`
+
+	// coverage is the measured share of the Service's requests that went
+	// through the weights, and the largest sources that bypass them.
+	// +optional
+	Coverage *TrafficCoverage `json:"coverage,omitempty"`
 }
 
 // IstioAdaptiveRequestOptimizer mirrors a Service's ready pods into a weighted
