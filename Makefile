@@ -160,7 +160,7 @@ CHART ?= charts/istio-adaptive-weight-optimizer
 # differs from config/ (run this target after `make manifests`).
 CHART_RBAC_FILES = role.yaml leader_election_role.yaml metrics_auth_role.yaml metrics_reader_role.yaml \
 	istioadaptiverequestoptimizer_admin_role.yaml istioadaptiverequestoptimizer_editor_role.yaml \
-	istioadaptiverequestoptimizer_viewer_role.yaml
+	istioadaptiverequestoptimizer_viewer_role.yaml remote_secrets_role.yaml
 
 .PHONY: chart-sync
 chart-sync: ## Copy the CRD, RBAC rules, alerts and dashboard from config/ into the Helm chart.

@@ -17,7 +17,7 @@ import (
 // DestinationRule stay (nothing routes to them) so that nothing learned is
 // lost when the Service shrinks back. Reports whether it deleted anything.
 func (r *MirrorReconciler) leaveTrafficOnService(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, p desired.Problem, live liveObjects) (bool, error) {
-	if p.Reason != desired.ReasonTooManyEndpoints || live.vs == nil || !desired.IsOwnedBy(live.vs, opt) {
+	if (p.Reason != desired.ReasonTooManyEndpoints && p.Reason != desired.ReasonMultiCluster) || live.vs == nil || !desired.IsOwnedBy(live.vs, opt) {
 		return false, nil
 	}
 	if err := r.Client.Delete(ctx, live.vs); err != nil && !apierrors.IsNotFound(err) {

@@ -37,7 +37,9 @@ func (r *MirrorReconciler) readMesh(ctx context.Context, namespace string) (desi
 		return m, fmt.Errorf("list DestinationRules in %s: %w", namespace, err)
 	}
 	m.DestinationRules = drs.Items
-	return m, nil
+	var err error
+	m.MultiCluster, err = r.multiCluster(ctx)
+	return m, err
 }
 
 // destinationRuleRequests maps a DestinationRule to its owner (an owned

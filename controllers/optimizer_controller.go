@@ -69,6 +69,8 @@ type MirrorReconciler struct {
 	// below CoverageThreshold the optimizer is Degraded.
 	Coverage          *CoverageBook
 	CoverageThreshold float64
+	// Clusters watches the mesh's remote secrets (nil: detection off).
+	Clusters *RemoteClusters
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch

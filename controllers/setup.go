@@ -99,6 +99,9 @@ func (r *MirrorReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 			return out
 		})).
 		WatchesRawSource(source.Channel(r.Wake, &handler.EnqueueRequestForObject{}))
+	if r.Clusters != nil {
+		b = r.Clusters.setup(mgr, b)
+	}
 	if r.Hosts != nil {
 		var err error
 		if b, err = r.Hosts.setup(ctx, mgr, b); err != nil {

@@ -46,6 +46,8 @@ type Options struct {
 	DefaultExportTo string
 	// Coverage configures the traffic coverage figure (coverage.go).
 	Coverage CoverageOptions
+	// MultiCluster configures the detection of other clusters (multicluster.go).
+	MultiCluster MultiClusterOptions
 }
 
 // BindFlags registers the options as flags.
@@ -67,6 +69,7 @@ func (o *Options) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.DefaultExportTo, "default-export-to", "*", "The mesh's meshConfig.defaultServiceExportTo, comma-separated (\".\", \"*\" or namespaces): the export scope of Services without a networking.istio.io/exportTo annotation. The operator's objects never reach further than the Service, so set this to what the mesh uses.")
 	o.Engine.BindFlags(fs)
 	o.Coverage.BindFlags(fs)
+	o.MultiCluster.BindFlags(fs)
 }
 
 // Validate reports nonsense settings.
@@ -81,6 +84,9 @@ func (o *Options) Validate() error {
 		if msg := desired.SuffixProblem(s); msg != "" {
 			return fmt.Errorf("--allowed-host-suffixes: %s", msg)
 		}
+	}
+	if err := o.MultiCluster.Validate(); err != nil {
+		return err
 	}
 	if err := o.Coverage.Validate(); err != nil {
 		return err
@@ -152,6 +158,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 	}
 	if mirror.DefaultExportTo, err = desired.ParseExportTo(d.Options.DefaultExportTo); err != nil {
 		return fmt.Errorf("--default-export-to: %w", err)
+	}
+	if err := setupMultiCluster(mgr, d.Options.MultiCluster, mirror); err != nil {
+		return err
 	}
 	if err := setupCoverage(mgr, d, mirror, wake); err != nil {
 		return err

@@ -65,6 +65,9 @@ func run(m *testing.M) int {
 		Options: controllers.Options{
 			// Measured every second here so tests need not wait minutes.
 			Coverage: controllers.CoverageOptions{Threshold: 0.9, Interval: time.Second, Query: promsource.DefaultCoverageQuery},
+			// Remote secrets are watched in a namespace of their own, so
+			// the one test that adds one affects nobody else.
+			MultiCluster:            controllers.MultiClusterOptions{IstioNamespace: meshSecretsNamespace},
 			MaxConcurrentReconciles: 2,
 			// Cross-namespace targeting and custom queries stay off (the
 			// defaults) except for one namespace each, so tests see both.

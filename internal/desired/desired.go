@@ -189,8 +189,9 @@ func Compute(in Input) Result {
 	if anyFatal(epProblems) {
 		return r
 	}
-	if mp := meshProblems(in, &r); len(mp) > 0 {
-		r.Problems = append(r.Problems, mp...)
+	mp := meshProblems(in, &r)
+	r.Problems = append(r.Problems, mp...)
+	if anyFatal(mp) {
 		return r
 	}
 

@@ -27,6 +27,8 @@ type MeshContext struct {
 	// (the operator's own are skipped); the user's rule for the Kubernetes
 	// host is carried over to the optimized host.
 	DestinationRules []*istionet.DestinationRule
+	// MultiCluster: the mesh's other clusters (multicluster.go).
+	MultiCluster MultiCluster
 }
 
 // ambientPods names the ready pods enrolled in ambient mode: they have no
@@ -79,6 +81,9 @@ func meshProblems(in Input, r *Result) []Problem {
 		out = append(out, *p)
 	}
 	if p := ambientProblem(in, r.Endpoints); p != nil {
+		out = append(out, *p)
+	}
+	if p := multiClusterProblem(in); p != nil {
 		out = append(out, *p)
 	}
 	return out

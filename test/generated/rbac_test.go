@@ -21,11 +21,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -56,6 +58,10 @@ func TestManagerRunsWithInstalledRBAC(t *testing.T) {
 	env, c := startAPIServerWithIstio(t, root)
 	ctx := t.Context()
 
+	// istiod's namespace, where the install puts the Role on remote secrets.
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}); err != nil {
+		t.Fatal(err)
+	}
 	for _, obj := range install {
 		if err := c.Create(ctx, obj); err != nil {
 			t.Fatalf("create %s %s/%s from config/default: %v", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
@@ -143,6 +149,10 @@ func TestManagerRunsWithInstalledRBAC(t *testing.T) {
 			return fmt.Errorf("no Lease in %s", saNamespace)
 		}
 		return nil
+	})
+
+	t.Run("remote secrets", func(t *testing.T) {
+		remoteSecretsDetected(t, c, user.Config(), samples[0], logs)
 	})
 
 	t.Run("metrics", func(t *testing.T) {
@@ -424,4 +434,63 @@ func startAPIServerWithIstio(t *testing.T, root string) (*envtest.Environment, c
 		t.Fatalf("client: %v", err)
 	}
 	return env, c
+}
+
+// remoteSecretsDetected: with the installed Role the manager sees a remote
+// secret in istio-system (the sample optimizer turns
+// Stalled/MultiClusterEndpointsNotMirrored, then Ready again when the
+// Secret goes), and the manager's identity can neither read a Secret's
+// contents by name there nor list Secrets anywhere else.
+func remoteSecretsDetected(t *testing.T, c client.Client, managerConfig *rest.Config, sample *unstructured.Unstructured, logs *syncBuffer) {
+	ctx := t.Context()
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "istio-remote-secret-cluster-2",
+			Labels:      map[string]string{"istio/multiCluster": "true"},
+			Annotations: map[string]string{"networking.istio.io/cluster": "cluster-2"}},
+		StringData: map[string]string{"cluster-2": "apiVersion: v1\nkind: Config\n"},
+	}
+	if err := c.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	readyReason := func() (string, error) {
+		opt := sample.DeepCopy()
+		if err := c.Get(ctx, client.ObjectKeyFromObject(opt), opt); err != nil {
+			return "", err
+		}
+		conds, _, _ := unstructured.NestedSlice(opt.Object, "status", "conditions")
+		for _, cond := range conds {
+			if m := cond.(map[string]any); m["type"] == "Ready" {
+				return fmt.Sprintf("%v/%v", m["status"], m["reason"]), nil
+			}
+		}
+		return "absent", nil
+	}
+	eventually(t, 30*time.Second, logs, "the sample optimizer refuses a multi-cluster mesh", func() error {
+		got, err := readyReason()
+		if err == nil && got != "False/MultiClusterEndpointsNotMirrored" {
+			err = fmt.Errorf("Ready %s", got)
+		}
+		return err
+	})
+	if err := c.Delete(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, logs, "the sample optimizer is Ready again", func() error {
+		got, err := readyReason()
+		if err == nil && got != "True/Reconciled" {
+			err = fmt.Errorf("Ready %s", got)
+		}
+		return err
+	})
+
+	as, err := client.New(managerConfig, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := as.Get(ctx, client.ObjectKey{Namespace: "istio-system", Name: "istio-ca-secret"}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the manager's identity got a Secret by name in istio-system: %v, want forbidden", err)
+	}
+	if err := as.List(ctx, &corev1.SecretList{}, client.InNamespace("default")); !apierrors.IsForbidden(err) {
+		t.Errorf("the manager's identity listed Secrets in default: %v, want forbidden", err)
+	}
 }
