@@ -49,7 +49,7 @@ func TestNamespaceEnrolledInAmbientLater(t *testing.T) {
 	waitMeshCondition(t, ns, optv1.ConditionReady, metav1.ConditionTrue, "Reconciled")
 
 	update(t, nsObj(ns), func(n *corev1.Namespace) { n.Labels = map[string]string{desired.LabelDataplaneMode: "ambient"} })
-	msg := waitMeshCondition(t, ns, optv1.ConditionStalled, metav1.ConditionTrue, "AmbientNotSupported")
+	msg := waitMeshCondition(t, ns, optv1.ConditionStalled, metav1.ConditionTrue, desired.ReasonAmbientWaypointRequired)
 	if !strings.Contains(msg, "namespace "+ns) || !strings.Contains(msg, "web-0") {
 		t.Errorf("message %q names neither the namespace nor the pod", msg)
 	}

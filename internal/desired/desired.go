@@ -209,6 +209,7 @@ func Compute(in Input) Result {
 		}
 	}
 	scope(&r)
+	bindWaypoint(in, &r)
 	if p := carryUserDestinationRule(in, &r); len(p) > 0 {
 		r.Problems = append(r.Problems, p...)
 		r.ServiceEntry, r.DestinationRule, r.VirtualService = nil, nil, nil

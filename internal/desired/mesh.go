@@ -1,9 +1,7 @@
 package desired
 
 import (
-	"fmt"
 	"sort"
-	"strings"
 
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
@@ -32,9 +30,7 @@ type MeshContext struct {
 }
 
 // ambientPods names the ready pods enrolled in ambient mode: they have no
-// sidecar, so the optimized host would send them plaintext without the
-// tlsMode label (breaking STRICT mTLS) and bypass their waypoint. The
-// optimizer refuses them rather than route around ztunnel.
+// sidecar; their traffic is weighted only through a waypoint (ambient.go).
 func ambientPods(in Input, eps []Endpoint) []string {
 	nsAmbient := in.Mesh.Namespace != nil && in.Mesh.Namespace.Labels[LabelDataplaneMode] == "ambient"
 	var out []string
@@ -52,24 +48,6 @@ func ambientPods(in Input, eps []Endpoint) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-func ambientProblem(in Input, eps []Endpoint) *Problem {
-	pods := ambientPods(in, eps)
-	if len(pods) == 0 {
-		return nil
-	}
-	where := fmt.Sprintf("label %s=ambient on the pods", LabelDataplaneMode)
-	if in.Mesh.Namespace != nil && in.Mesh.Namespace.Labels[LabelDataplaneMode] == "ambient" {
-		where = fmt.Sprintf("namespace %s is labelled %s=ambient", in.Mesh.Namespace.Name, LabelDataplaneMode)
-	}
-	shown := pods
-	if len(shown) > 5 {
-		shown = append(append([]string{}, shown[:5]...), fmt.Sprintf("and %d more", len(pods)-5))
-	}
-	return &Problem{Reason: "AmbientNotSupported", Fatal: true,
-		Message: fmt.Sprintf("pods %s are enrolled in Istio ambient mode (%s) and have no sidecar; the optimized host would bypass ztunnel mTLS and waypoints, so nothing is routed. Inject a sidecar or leave this Service out of optimization",
-			strings.Join(shown, ", "), where)}
 }
 
 // meshProblems are the refusals that come from the mesh around the

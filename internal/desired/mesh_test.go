@@ -261,43 +261,6 @@ func TestCarryUserDestinationRule(t *testing.T) {
 	}
 }
 
-func TestAmbientRefused(t *testing.T) {
-	ambient := func(p *corev1.Pod) { p.Labels = map[string]string{LabelDataplaneMode: "ambient"} }
-	optOut := func(p *corev1.Pod) { p.Labels = map[string]string{LabelDataplaneMode: "none"} }
-	ns := func(mode string) *corev1.Namespace {
-		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS, Labels: map[string]string{LabelDataplaneMode: mode}}}
-	}
-	tests := map[string]struct {
-		pods []*corev1.Pod
-		ns   *corev1.Namespace
-		want string // substring of the fatal message, "" for no problem
-	}{
-		"sidecars":                    {pods: []*corev1.Pod{pod("web-0", sidecarContainer), pod("web-1", sidecarContainer)}},
-		"pod label":                   {pods: []*corev1.Pod{pod("web-0", sidecarContainer), pod("web-1", ambient)}, want: "pods web-1 "},
-		"namespace label":             {pods: []*corev1.Pod{pod("web-0"), pod("web-1")}, ns: ns("ambient"), want: "namespace shop is labelled"},
-		"sidecar wins over namespace": {pods: []*corev1.Pod{pod("web-0", sidecarContainer), pod("web-1", nativeSidecar)}, ns: ns("ambient")},
-		"pod opts out":                {pods: []*corev1.Pod{pod("web-0", optOut), pod("web-1", optOut)}, ns: ns("ambient")},
-		"no mesh at all":              {pods: []*corev1.Pod{pod("web-0"), pod("web-1")}},
-	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			in := webInput()
-			in.Pods = podMap(tc.pods...)
-			in.Mesh.Namespace = tc.ns
-			r := Compute(in)
-			if tc.want == "" {
-				if len(r.Problems) != 0 || r.ServiceEntry == nil {
-					t.Fatalf("problems %+v", r.Problems)
-				}
-				return
-			}
-			if len(r.Problems) != 1 || r.Problems[0].Reason != "AmbientNotSupported" || !r.Problems[0].Fatal || !strings.Contains(r.Problems[0].Message, tc.want) || r.ServiceEntry != nil {
-				t.Fatalf("problems %+v, want AmbientNotSupported naming %q", r.Problems, tc.want)
-			}
-		})
-	}
-}
-
 // FuzzExportTo: whatever the annotation, the scope never names a namespace
 // the annotation did not, is "*" only when the annotation says so, and is
 // something Istio accepts on every kind (no "~", no duplicates, "*" alone).

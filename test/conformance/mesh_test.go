@@ -510,7 +510,7 @@ func TestAmbientPodsRefused(t *testing.T) {
 		nsLabels: map[string]string{desired.LabelDataplaneMode: "ambient"}, noSidecar: true}
 	s.create(t)
 	s.optIn(t)
-	msg := s.condition(t, optv1.ConditionStalled, metav1.ConditionTrue, "AmbientNotSupported")
+	msg := s.condition(t, optv1.ConditionStalled, metav1.ConditionTrue, desired.ReasonAmbientWaypointRequired)
 	if !strings.Contains(msg, "namespace amb") || !strings.Contains(msg, "web-1") {
 		t.Errorf("message %q does not name the namespace and pods", msg)
 	}
