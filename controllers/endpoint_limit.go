@@ -11,7 +11,8 @@ import (
 )
 
 // leaveTrafficOnService handles a Service with more ready pods than one
-// ServiceEntry holds: our VirtualService would send the mesh to a partial
+// ServiceEntry holds, or whose other clusters' pods it cannot hold (a
+// multi-cluster mesh): our VirtualService would send the mesh to a partial
 // endpoint set, so it is removed and the Kubernetes Service, which routes
 // every pod, carries the traffic again. The ServiceEntry and
 // DestinationRule stay (nothing routes to them) so that nothing learned is
