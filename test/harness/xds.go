@@ -75,6 +75,10 @@ type SidecarOptions struct {
 	ClusterID, IstioVersion string
 	// Metadata adds or overrides node metadata fields.
 	Metadata map[string]any
+	// NodeType is Istio's proxy type: "sidecar" (default) or "router" (a
+	// gateway: istiod sends it the listeners and routes of the Gateways
+	// whose selector matches Labels).
+	NodeType string
 }
 
 // XDSClient is an ADS (state of the world) client posing as a sidecar. It
@@ -104,9 +108,13 @@ type XDSClient struct {
 	nonce     map[string]string   // type URL -> last nonce
 }
 
-// NodeID returns Istio's sidecar node id: sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local.
+// NodeID returns Istio's node id: <type>~<ip>~<pod>.<ns>~<ns>.svc.cluster.local.
 func (o SidecarOptions) NodeID() string {
-	return fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", o.IP, o.Pod, o.Namespace, o.Namespace)
+	typ := o.NodeType
+	if typ == "" {
+		typ = "sidecar"
+	}
+	return fmt.Sprintf("%s~%s~%s.%s~%s.svc.cluster.local", typ, o.IP, o.Pod, o.Namespace, o.Namespace)
 }
 
 func (o SidecarOptions) withDefaults() SidecarOptions {
