@@ -1,6 +1,8 @@
 package conformance
 
-// Ambient Services behind a waypoint: istiod in ambient mode
+// Ambient Services behind a waypoint (last in file order: it runs its own
+// API server, istiod and manager, load the suite's shared engine should not
+// see while the other tests assert learned weights): istiod in ambient mode
 // (PILOT_ENABLE_AMBIENT=true) with the Gateway API CRDs, a waypoint (its
 // Gateway of class istio-waypoint, Service and pod) bound to the Service's
 // namespace, ambient pods without sidecars, and the operator's real
