@@ -144,6 +144,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 	if mirror.DefaultExportTo, err = desired.ParseExportTo(d.Options.DefaultExportTo); err != nil {
 		return fmt.Errorf("--default-export-to: %w", err)
 	}
+	if mirror.GatewayAPI, err = gatewayAPIFor(mgr); err != nil {
+		return err
+	}
 	if err := mirror.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("set up mirror controller: %w", err)
 	}

@@ -75,6 +75,10 @@ type SidecarOptions struct {
 	ClusterID, IstioVersion string
 	// Metadata adds or overrides node metadata fields.
 	Metadata map[string]any
+	// NodeType is Istio's proxy type: "sidecar" (default) or "router" (a
+	// gateway: istiod sends it the listeners and routes of the Gateways
+	// whose selector matches Labels).
+	NodeType string
 }
 
 // XDSClient is an ADS (state of the world) client posing as a sidecar. It
@@ -104,9 +108,13 @@ type XDSClient struct {
 	nonce     map[string]string   // type URL -> last nonce
 }
 
-// NodeID returns Istio's sidecar node id: sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local.
+// NodeID returns Istio's node id: <type>~<ip>~<pod>.<ns>~<ns>.svc.cluster.local.
 func (o SidecarOptions) NodeID() string {
-	return fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", o.IP, o.Pod, o.Namespace, o.Namespace)
+	typ := o.NodeType
+	if typ == "" {
+		typ = "sidecar"
+	}
+	return fmt.Sprintf("%s~%s~%s.%s~%s.svc.cluster.local", typ, o.IP, o.Pod, o.Namespace, o.Namespace)
 }
 
 func (o SidecarOptions) withDefaults() SidecarOptions {
@@ -599,18 +607,23 @@ type RouteTarget struct {
 // virtual host's routes; for a VirtualService with only port matches the
 // first is the one for this port).
 func (c *XDSClient) Route(host string, port int) (RouteTarget, error) {
+	return c.RouteIn(strconv.Itoa(port), host, port)
+}
+
+// RouteIn is Route in the route configuration name (a gateway's are
+// "http.<port>"); a virtual host matches host, host:port or host:*.
+func (c *XDSClient) RouteIn(name, host string, port int) (RouteTarget, error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	name := strconv.Itoa(port)
 	rc, ok := c.routes[name]
 	if !ok {
 		return RouteTarget{}, fmt.Errorf("no route configuration %q (have %v)", name, sortedKeys(c.routes))
 	}
-	hostPort := host + ":" + name
+	hostPort := host + ":" + strconv.Itoa(port)
 	var vh *routev3.VirtualHost
 	for _, v := range rc.GetVirtualHosts() {
 		for _, d := range v.GetDomains() {
-			if d == host || d == hostPort {
+			if d == host || d == hostPort || d == host+":*" {
 				vh = v
 				break
 			}
