@@ -269,6 +269,17 @@ func (r *MirrorReconciler) reconcileGateways(ctx context.Context, opt *optv1.Ist
 	var notes []string
 	for i, g := range gw.found {
 		found[g.Ref] = true
+		if g.Stale() {
+			// The edit leads to a host or port the optimizer no longer
+			// serves: put the original back first; the route's update
+			// brings the next reconcile, which retargets it afresh.
+			if o, ok := gw.retargeted[g.Ref]; ok && listed[g.Ref] {
+				if err := r.restoreRoute(ctx, o, me); err != nil {
+					return err
+				}
+			}
+			continue
+		}
 		if !listed[g.Ref] || !g.Bypasses() {
 			continue
 		}

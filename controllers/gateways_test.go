@@ -186,3 +186,45 @@ func TestGatewayAPIRoutingWithoutTheCRDs(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRetargetedRouteFollowsTheHost: when the optimized host changes, a
+// retargeted gateway route is restored and retargeted to the new host, so
+// it never keeps leading to a host that is gone.
+func TestRetargetedRouteFollowsTheHost(t *testing.T) {
+	ns := newNamespace(t)
+	webService(t, ns, Ready("web-0", IP(43, 1), "node-a-"+ns))
+	mustCreate(t, ingressVS(ns))
+	opt := Optimizer(ns, "web", "web")
+	opt.Spec.GatewayRoutes = []optv1.GatewayRoute{{Kind: optv1.GatewayRouteVirtualService, Name: "web-ingress"}}
+	mustCreate(t, opt)
+	eventually(t, waitFor, "retargeted", func() error {
+		if h := getVS(t, ns, "web-ingress").Spec.Http[1].Route[0].Destination.Host; h != "web."+ns+".adaptive" {
+			return fmt.Errorf("destination %q", h)
+		}
+		return nil
+	})
+	o := getOptimizer(t, ns, "web")
+	o.Spec.Host = "web2." + ns + ".adaptive"
+	if err := k8s.Update(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitFor, "retargeted to the new host", func() error {
+		vs := getVS(t, ns, "web-ingress")
+		if h := vs.Spec.Http[1].Route[0].Destination.Host; h != o.Spec.Host {
+			return fmt.Errorf("destination %q", h)
+		}
+		if n := strings.Count(vs.Annotations[desired.AnnotationRetargeted], `"path"`); n != 1 {
+			return fmt.Errorf("%d records: %s", n, vs.Annotations[desired.AnnotationRetargeted])
+		}
+		return nil
+	})
+	if err := k8s.Delete(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, waitFor, "restored to the Service", func() error {
+		if h := getVS(t, ns, "web-ingress").Spec.Http[1].Route[0].Destination.Host; h != "web" {
+			return fmt.Errorf("destination %q", h)
+		}
+		return nil
+	})
+}

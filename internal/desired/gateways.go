@@ -101,6 +101,10 @@ type Destination struct {
 	// Retargeted: it already leads to the optimized host by the operator's
 	// recorded edit.
 	Retargeted bool
+	// Stale: the operator's recorded edit leads to a host or port the
+	// optimizer no longer serves (spec.host or service_ports changed); the
+	// edit must be undone before it can be made again.
+	Stale bool
 }
 
 // GatewayRoute is a gateway route with destinations of the Service.
@@ -108,6 +112,16 @@ type GatewayRoute struct {
 	Ref          RouteRef
 	Gateways     []string // namespace/name
 	Destinations []Destination
+}
+
+// Stale says whether an earlier edit of the operator must be undone.
+func (g GatewayRoute) Stale() bool {
+	for _, d := range g.Destinations {
+		if d.Stale {
+			return true
+		}
+	}
+	return false
 }
 
 // Bypasses says whether traffic through the route still escapes the weights.
@@ -128,6 +142,8 @@ func (g GatewayRoute) Change() string {
 		switch {
 		case d.Retargeted:
 			s += " (done by the operator)"
+		case d.Stale:
+			s += " (the operator's earlier change leads to a host or port no longer optimized; it is being undone)"
 		case d.Blocked != "":
 			s += " (" + d.Blocked + ")"
 		}
@@ -239,9 +255,14 @@ func GatewayVirtualService(t GatewayTarget, vs *istionet.VirtualService) *Gatewa
 				d.Edits = []FieldEdit{{Path: path, From: &host, To: &to}}
 			}
 			g.Destinations = append(g.Destinations, d)
-		case strings.EqualFold(host, t.Host) && recorded[path] != nil:
+		case recorded[path] != nil && resolveHost(*recorded[path], vs.Namespace, t.ClusterDomain) == t.fqdn():
+			// Retargeted for this Service by the operator.
 			from := *recorded[path]
-			g.Destinations = append(g.Destinations, Destination{Where: where, From: from + portText, To: t.Host + portText, Retargeted: true})
+			d := Destination{Where: where, From: from + portText, To: t.Host + portText, Retargeted: true}
+			if !strings.EqualFold(host, t.Host) || (port != 0 && !t.hasPort(int32(port))) || (port == 0 && len(t.Ports) != 1) {
+				d.Retargeted, d.Stale = false, true
+			}
+			g.Destinations = append(g.Destinations, d)
 		}
 	}
 	for i, h := range vs.Spec.Http {
@@ -436,9 +457,13 @@ func GatewayAPIRoute(t GatewayTarget, a APIRoute) *GatewayRoute {
 					{Path: base + "/namespace", From: (*string)(b.Namespace), To: nil},
 				}
 				g.Destinations = append(g.Destinations, d)
-			case group == istioGroup && kind == hostnameKind && string(b.Name) == t.Host && recorded[base+"/name"] != nil:
-				g.Destinations = append(g.Destinations, Destination{Where: where,
-					From: fmt.Sprintf("Service %s/%s%s", t.Namespace, *recorded[base+"/name"], port), To: to, Retargeted: true})
+			case group == istioGroup && kind == hostnameKind && recorded[base+"/name"] != nil && *recorded[base+"/name"] == t.Service:
+				// Retargeted for this Service by the operator.
+				d := Destination{Where: where, From: fmt.Sprintf("Service %s/%s%s", t.Namespace, *recorded[base+"/name"], port), To: to, Retargeted: true}
+				if string(b.Name) != t.Host || b.Port == nil || !t.hasPort(int32(*b.Port)) {
+					d.Retargeted, d.Stale = false, true
+				}
+				g.Destinations = append(g.Destinations, d)
 			}
 		}
 	}

@@ -339,3 +339,39 @@ func TestBypassProblem(t *testing.T) {
 	}
 	_ = corev1.ProtocolTCP
 }
+
+// TestStaleRetarget: a route the operator retargeted reads as stale when
+// the optimized host or the optimized ports changed since, so the edit is
+// undone before it is made again; one of another Service is not ours.
+func TestStaleRetarget(t *testing.T) {
+	vs := gatewayVS("shop", []string{"ingress"}, dest("web", 80))
+	orig, _ := json.Marshal(vs)
+	ops, _ := RetargetPatch(vs, vs, *GatewayVirtualService(webTarget, vs), "shop/web")
+	after := &istionet.VirtualService{}
+	_ = json.Unmarshal(apply(t, orig, ops), after)
+
+	cases := map[string]struct {
+		target GatewayTarget
+		stale  bool
+		found  bool
+	}{
+		"unchanged":       {target: webTarget, found: true},
+		"host changed":    {target: GatewayTarget{Service: "web", Namespace: "shop", Host: "web.fast.shop.adaptive", Ports: []int32{80}}, stale: true, found: true},
+		"port dropped":    {target: GatewayTarget{Service: "web", Namespace: "shop", Host: "web.shop.adaptive", Ports: []int32{81}}, stale: true, found: true},
+		"another service": {target: GatewayTarget{Service: "api", Namespace: "shop", Host: "web.shop.adaptive", Ports: []int32{80}}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			g := GatewayVirtualService(tc.target, after)
+			if (g != nil) != tc.found {
+				t.Fatalf("found %v, want %v", g != nil, tc.found)
+			}
+			if g == nil {
+				return
+			}
+			if g.Stale() != tc.stale || g.Bypasses() != tc.stale {
+				t.Errorf("stale %v bypasses %v, want %v: %s", g.Stale(), g.Bypasses(), tc.stale, g.Change())
+			}
+		})
+	}
+}
