@@ -334,3 +334,77 @@ func TestUserMeshHTTPRouteIsAConflict(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestGatewayAPIIngressRetargeted: a Gateway API Gateway (class istio) and
+// an HTTPRoute bound to it with a backendRef to the Service. An xDS client
+// posing as that gateway's pod (node type router, the gateway-name label
+// its Service selects) routes to the Kubernetes cluster; with the HTTPRoute
+// listed in gateway_routes its backendRef becomes Istio's Hostname backend
+// of the optimized host and the gateway routes to the optimized cluster
+// with the ServiceEntry's weights; unlisted, back to the Kubernetes cluster.
+func TestGatewayAPIIngressRetargeted(t *testing.T) {
+	ctx := testCtx(t)
+	const gwName, gwPort, hostname = "web-gw", 8081, "shop-api.example.com"
+	labels := map[string]string{"gateway.networking.k8s.io/gateway-name": gwName}
+	class := &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "istio"}, Spec: gwv1.GatewayClassSpec{ControllerName: "istio.io/gateway-controller"}}
+	if err := suite.c.Create(ctx, class); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: demoNS, Name: gwName}}
+	gw.Spec.GatewayClassName = "istio"
+	gw.Spec.Listeners = []gwv1.Listener{{Name: "http", Port: gwPort, Protocol: gwv1.HTTPProtocolType, Hostname: ptrTo(gwv1.Hostname(hostname))}}
+	// The Service istio would deploy for the Gateway (<name>-<class>); the
+	// gateway proxy is its workload by labels.
+	gwSvc := fixtures.Service(demoNS, gwName+"-istio", httpPort("http", gwPort))
+	gwSvc.Spec.Selector = labels
+	port := gwv1.PortNumber(80)
+	route := &gwv1.HTTPRoute{ObjectMeta: metav1.ObjectMeta{Namespace: demoNS, Name: "web-api"}}
+	route.Spec.ParentRefs = []gwv1.ParentReference{{Name: gwName}}
+	route.Spec.Hostnames = []gwv1.Hostname{hostname}
+	route.Spec.Rules = []gwv1.HTTPRouteRule{{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: gwv1.BackendRef{BackendObjectReference: gwv1.BackendObjectReference{Name: serviceName, Port: &port}}}}}}
+	for _, o := range []client.Object{gwSvc, gw, route} {
+		if err := suite.c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		updateOptimizer(t, demoNS, optimizerName, func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.GatewayRoutes = nil })
+		for _, o := range []client.Object{route, gw, gwSvc} {
+			_ = suite.c.Delete(context.Background(), o)
+		}
+	})
+
+	x, err := harness.DialXDS(ctx, suite.istiod.GRPCAddr, harness.SidecarOptions{
+		NodeType: "router", IP: "127.0.9.203", Pod: gwName + "-istio-0", Namespace: demoNS, Labels: labels,
+		Locality: suite.fleet.node("node-a").Locality,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(x.Close)
+	kube, opt := clusterName(80, "web.demo.svc.cluster.local"), clusterName(80, optimizedHost)
+	routeConfig := fmt.Sprintf("http.%d", gwPort)
+	learned := func() (map[string]uint32, error) { return seWeights(ctx, suite.c, suite.fleet) }
+
+	d := waitFor(t, x, 30*time.Second, "before: the gateway routes to the Kubernetes cluster", routedWithWeights(routeConfig, hostname, gwPort, kube, nil))
+	t.Logf("before: %s:%d -> %s (after %s)", hostname, gwPort, kube, d.Round(time.Millisecond))
+
+	updateOptimizer(t, demoNS, optimizerName, func(o *optv1.IstioAdaptiveRequestOptimizer) {
+		o.Spec.GatewayRoutes = []optv1.GatewayRoute{{Kind: optv1.GatewayRouteHTTPRoute, Name: "web-api"}}
+	})
+	d = waitFor(t, x, propagation, "retargeted: the gateway routes to the optimized host with the ServiceEntry's weights", routedWithWeights(routeConfig, hostname, gwPort, opt, learned))
+	w, _ := weightsByAddress(x, opt)
+	t.Logf("retargeted: %s:%d -> %s weights %s (after %s)", hostname, gwPort, opt, sortedWeights(w), d.Round(time.Millisecond))
+
+	updateOptimizer(t, demoNS, optimizerName, func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.GatewayRoutes = nil })
+	d = waitFor(t, x, propagation, "restored: the gateway routes to the Kubernetes cluster", routedWithWeights(routeConfig, hostname, gwPort, kube, nil))
+	t.Logf("restored: %s:%d -> %s (after %s)", hostname, gwPort, kube, d.Round(time.Millisecond))
+	live := &gwv1.HTTPRoute{}
+	if err := suite.c.Get(ctx, client.ObjectKeyFromObject(route), live); err != nil {
+		t.Fatal(err)
+	}
+	b := live.Spec.Rules[0].BackendRefs[0].BackendObjectReference
+	if b.Name != serviceName || (b.Kind != nil && *b.Kind != "Service") || live.Annotations[desired.AnnotationRetargeted] != "" {
+		t.Errorf("restored backendRef %+v, annotations %v", b, live.Annotations)
+	}
+}
