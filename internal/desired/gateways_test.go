@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	networking "istio.io/api/networking/v1alpha3"
@@ -375,3 +376,55 @@ func TestStaleRetarget(t *testing.T) {
 		})
 	}
 }
+
+// FuzzRetargetRestore: for any destination hosts and ports, retargeting
+// then restoring gives back the route's spec exactly, and the patches only
+// touch destination hosts and the record.
+func FuzzRetargetRestore(f *testing.F) {
+	f.Add("web", uint32(80), "other", uint32(0), "web.shop.svc.cluster.local", uint32(80))
+	f.Add("web.shop", uint32(0), "web", uint32(9090), "x", uint32(1))
+	f.Fuzz(func(t *testing.T, h1 string, p1 uint32, h2 string, p2 uint32, h3 string, p3 uint32) {
+		if !utf8.ValidString(h1 + h2 + h3) {
+			t.Skip("the API server holds only UTF-8 strings")
+		}
+		vs := gatewayVS("shop", []string{"ingress"}, dest(h1, p1), dest(h2, p2), dest(h3, p3))
+		orig, err := json.Marshal(vs)
+		if err != nil {
+			t.Skip()
+		}
+		g := GatewayVirtualService(webTarget, vs)
+		if g == nil {
+			return
+		}
+		ops, err := RetargetPatch(vs, vs, *g, "shop/web")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range ops {
+			if op.Op != "test" && !strings.HasSuffix(op.Path, "/destination/host") && !strings.HasPrefix(op.Path, "/metadata/annotations") {
+				t.Fatalf("patch touches %s", op.Path)
+			}
+		}
+		if ops == nil {
+			return
+		}
+		patched := apply(t, orig, ops)
+		after := &istionet.VirtualService{}
+		if err := json.Unmarshal(patched, after); err != nil {
+			t.Fatal(err)
+		}
+		rops, err := RestorePatch(after, after, "shop/web")
+		if err != nil {
+			t.Fatal(err)
+		}
+		restored := &istionet.VirtualService{}
+		if err := json.Unmarshal(apply(t, patched, rops), restored); err != nil {
+			t.Fatal(err)
+		}
+		if !equalJSON(t, restored.Spec.Http, vs.Spec.Http) || len(restored.Annotations) != 0 {
+			t.Errorf("restored %s, want %s", mustJSON(restored.Spec.Http), mustJSON(vs.Spec.Http))
+		}
+	})
+}
+
+func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }

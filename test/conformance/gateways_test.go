@@ -227,12 +227,30 @@ func mapValues(m map[string]uint32) []uint32 {
 // HTTPRoute goes and the client is back on the Kubernetes cluster.
 func TestGatewayAPIRoutingMatchesVirtualService(t *testing.T) {
 	ctx := testCtx(t)
-	s := meshService{ns: "gamma", ports: []corev1.ServicePort{httpPort("http", 80)}, ipBlock: 30}
-	s.create(t)
+	s := meshService{ns: "gamma", ports: []corev1.ServicePort{httpPort("http", 80), httpPort("grpc-api", 9090), httpPort("tcp-db", 5432)}, ipBlock: 30}
+	clusterIP := s.create(t)
 	x := dialClient(t, "gamma-client", "127.0.9.201")
 	kube, opt := clusterName(80, s.host()), clusterName(80, s.optimized())
 	seW := func() (map[string]uint32, error) { return seWeightsIn(ctx, s.ns) }
 	waitFor(t, x, propagation, "before: the Kubernetes cluster", reaches(s.host(), 80, kube))
+	// The gRPC port (its GRPCRoute) and the TCP port (its TCPRoute, read
+	// on the client's listener for the ClusterIP) go to the optimized host
+	// with the same weights.
+	otherPorts := func(want func(port int32, host string) string) func(*harness.XDSClient) error {
+		return func(x *harness.XDSClient) error {
+			if err := routedWithWeights("9090", s.host(), 9090, want(9090, s.optimized()), seW)(x); err != nil {
+				return err
+			}
+			got, err := x.TCPCluster(5432, clusterIP)
+			if err != nil {
+				return err
+			}
+			if w := want(5432, s.optimized()); got != w {
+				return fmt.Errorf("TCP to %s:5432 goes to %s, want %s", clusterIP, got, w)
+			}
+			return nil
+		}
+	}
 
 	o := fixtures.Optimizer(s.ns, optimizerName, serviceName)
 	o.Spec.RoutingMode = optv1.RoutingGatewayAPI
@@ -240,6 +258,7 @@ func TestGatewayAPIRoutingMatchesVirtualService(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := waitFor(t, x, propagation, "gateway_api: the optimized host with the ServiceEntry's weights", routedWithWeights("80", s.host(), 80, opt, seW))
+	waitFor(t, x, propagation, "gateway_api: gRPC and TCP ports on the optimized host", otherPorts(clusterName))
 	w, _ := weightsByAddress(x, opt)
 	t.Logf("gateway_api: %s:80 -> %s weights %s (after %s)", s.host(), opt, sortedWeights(w), d.Round(time.Millisecond))
 	route := &gwv1.HTTPRoute{}
@@ -254,7 +273,7 @@ func TestGatewayAPIRoutingMatchesVirtualService(t *testing.T) {
 		if err := suite.c.Get(ctx, client.ObjectKeyFromObject(o), live); err != nil {
 			return err
 		}
-		if !slices.Equal(live.Status.OwnedRoutes, []string{"HTTPRoute/web-adaptive-80"}) {
+		if !slices.Equal(live.Status.OwnedRoutes, []string{"GRPCRoute/web-adaptive-9090", "HTTPRoute/web-adaptive-80", "TCPRoute/web-adaptive-5432"}) {
 			return fmt.Errorf("status.ownedRoutes %v", live.Status.OwnedRoutes)
 		}
 		return nil
@@ -264,6 +283,7 @@ func TestGatewayAPIRoutingMatchesVirtualService(t *testing.T) {
 
 	updateOptimizer(t, s.ns, optimizerName, func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.RoutingMode = optv1.RoutingVirtualService })
 	waitFor(t, x, propagation, "virtual_service: the same cluster and weights", routedWithWeights("80", s.host(), 80, opt, seW))
+	waitFor(t, x, propagation, "virtual_service: gRPC and TCP ports on the optimized host", otherPorts(clusterName))
 	if err := poll(propagation, func() error {
 		err := suite.c.Get(ctx, client.ObjectKeyFromObject(route), &gwv1.HTTPRoute{})
 		if apierrors.IsNotFound(err) {
