@@ -5,6 +5,12 @@ package conformance
 // operator retargets it; routing_mode gateway_api, as a client sidecar
 // receives it, compared with the VirtualService; and a user's mesh
 // HTTPRoute for the Service detected as a conflict.
+//
+// Go runs a package's tests in file-name order; this file sorts after
+// loadbalancer_test.go, whose default-policy check needs the demo
+// optimizer's weights as learned right after set-up (a few seconds later
+// the fake backend makes the engine drain a pod, and the policy falls back
+// to LEAST_REQUEST for a while).
 
 import (
 	"context"
