@@ -519,10 +519,12 @@ type PatchOp struct {
 var annotationPath = "/metadata/annotations/" + strings.ReplaceAll(AnnotationRetargeted, "/", "~1")
 
 // RetargetPatch is the JSON patch that applies the edits of route g for
-// optimizer (namespace/name) to the live object obj and records them: a
-// test of the resourceVersion (a route changed since it was read is read
-// again rather than overwritten), then each field change, then the record.
-// Nil when there is nothing to change.
+// optimizer (namespace/name) to the live object obj and records them: each
+// field change preceded by a test that the field still holds what was read
+// (a destination changed meanwhile fails the patch and is read again rather
+// than overwritten; changes elsewhere in the route, such as the status
+// istiod writes on Gateway API routes, do not), then the record. Nil when
+// there is nothing to change.
 func RetargetPatch(obj runtime.Object, meta metav1.Object, g GatewayRoute, optimizer string) ([]PatchOp, error) {
 	var edits []FieldEdit
 	for _, d := range g.Destinations {
@@ -535,9 +537,10 @@ func RetargetPatch(obj runtime.Object, meta metav1.Object, g GatewayRoute, optim
 	if err != nil {
 		return nil, err
 	}
-	ops := []PatchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: meta.GetResourceVersion()}}
+	var ops []PatchOp
 	records := RetargetRecords(meta.GetAnnotations())
 	for _, e := range edits {
+		ops = append(ops, testOp(doc, e.Path)...)
 		ops = append(ops, setOp(doc, e.Path, e.To)...)
 		records = append(records, RetargetRecord{Optimizer: optimizer, FieldEdit: e})
 	}
@@ -565,12 +568,13 @@ func RestorePatch(obj runtime.Object, meta metav1.Object, optimizer string) ([]P
 	if err != nil {
 		return nil, err
 	}
-	ops := []PatchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: meta.GetResourceVersion()}}
+	var ops []PatchOp
 	for _, r := range mine {
 		cur, present := pointerGet(doc, r.Path)
 		if !sameValue(cur, present, r.To) {
 			continue
 		}
+		ops = append(ops, testOp(doc, r.Path)...)
 		ops = append(ops, setOp(doc, r.Path, r.From)...)
 	}
 	return append(ops, recordOps(meta.GetAnnotations(), keep)...), nil
@@ -582,6 +586,15 @@ func sameValue(cur any, present bool, want *string) bool {
 	}
 	s, ok := cur.(string)
 	return present && ok && s == *want
+}
+
+// testOp checks that the field at path still holds what doc says (a field
+// that is absent cannot be tested in JSON patch, and gets no test).
+func testOp(doc map[string]any, path string) []PatchOp {
+	if cur, present := pointerGet(doc, path); present {
+		return []PatchOp{{Op: "test", Path: path, Value: cur}}
+	}
+	return nil
 }
 
 // setOp sets (value non-nil) or removes (nil) the field at path.

@@ -157,13 +157,28 @@ func TestRetargetAndRestoreVirtualService(t *testing.T) {
 	if restored.Spec.Http[1].Route[0].Destination.Host != "web" || !equalJSON(t, restored.Annotations, want.Annotations) {
 		t.Errorf("restored %v annotations %v", restored.Spec.Http[1].Route[0].Destination, restored.Annotations)
 	}
-	// Another optimizer's records and a stale resourceVersion are respected.
+	// Another optimizer's records are left alone.
 	if none, _ := RestorePatch(after, after, "other/opt"); none != nil {
 		t.Errorf("another optimizer restores %+v", none)
 	}
-	if rops[0].Op != "test" || rops[0].Path != "/metadata/resourceVersion" {
-		t.Errorf("restore does not test the resourceVersion first: %+v", rops[0])
+	if rops[0].Op != "test" || rops[0].Path != "/spec/http/1/route/0/destination/host" || rops[0].Value != "web.shop.adaptive" {
+		t.Errorf("restore does not test the field first: %+v", rops[0])
 	}
+	// A destination changed after it was read fails the patch instead of
+	// being overwritten; a change elsewhere does not.
+	moved := vs.DeepCopy()
+	moved.Spec.Http[1].Route[0].Destination.Host = "web-v2"
+	movedDoc, _ := json.Marshal(moved)
+	if raw, _ := json.Marshal(ops); true {
+		p, _ := jsonpatch.DecodePatch(raw)
+		if _, err := p.Apply(movedDoc); err == nil {
+			t.Error("a retarget patch applied over a destination changed since it was read")
+		}
+	}
+	relabelled := vs.DeepCopy()
+	relabelled.Labels = map[string]string{"new": "label"}
+	relabelledDoc, _ := json.Marshal(relabelled)
+	apply(t, relabelledDoc, ops)
 }
 
 // TestRestoreLeavesUserChanges: a destination the user changed after the
@@ -384,7 +399,7 @@ func FuzzRetargetRestore(f *testing.F) {
 	f.Add("web", uint32(80), "other", uint32(0), "web.shop.svc.cluster.local", uint32(80))
 	f.Add("web.shop", uint32(0), "web", uint32(9090), "x", uint32(1))
 	f.Fuzz(func(t *testing.T, h1 string, p1 uint32, h2 string, p2 uint32, h3 string, p3 uint32) {
-		if !utf8.ValidString(h1 + h2 + h3) {
+		if !utf8.ValidString(h1) || !utf8.ValidString(h2) || !utf8.ValidString(h3) {
 			t.Skip("the API server holds only UTF-8 strings")
 		}
 		vs := gatewayVS("shop", []string{"ingress"}, dest(h1, p1), dest(h2, p2), dest(h3, p3))
