@@ -297,6 +297,12 @@ func (r *MirrorReconciler) reconcileGateways(ctx context.Context, opt *optv1.Ist
 			continue
 		}
 		if err := r.jsonPatch(ctx, o, ops); err != nil {
+			if apierrors.IsInvalid(err) || apierrors.IsNotFound(err) {
+				// A tested field changed, or the route went, since it was
+				// read: that change is an event, whose reconcile reads it.
+				notes = append(notes, fmt.Sprintf("%s changed while it was being retargeted; it is read again", g.Ref))
+				continue
+			}
 			return fmt.Errorf("retarget %s: %w", g.Ref, err)
 		}
 		for j := range g.Destinations {

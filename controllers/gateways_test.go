@@ -11,6 +11,7 @@ import (
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
@@ -35,6 +36,22 @@ func getOptimizer(t *testing.T, ns, name string) *optv1.IstioAdaptiveRequestOpti
 	t.Helper()
 	o := &optv1.IstioAdaptiveRequestOptimizer{}
 	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, o); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// updateOpt changes the optimizer's spec, retrying when the operator wrote
+// it (status, finalizer) in between.
+func updateOpt(t *testing.T, ns, name string, mutate func(*optv1.IstioAdaptiveRequestOptimizer)) *optv1.IstioAdaptiveRequestOptimizer {
+	t.Helper()
+	var o *optv1.IstioAdaptiveRequestOptimizer
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		o = getOptimizer(t, ns, name)
+		mutate(o)
+		return k8s.Update(context.Background(), o)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return o
@@ -78,11 +95,7 @@ func TestGatewayVirtualServiceReportedRetargetedAndRestored(t *testing.T) {
 
 	setRoutes := func(routes ...optv1.GatewayRoute) {
 		t.Helper()
-		o := getOptimizer(t, ns, "web")
-		o.Spec.GatewayRoutes = routes
-		if err := k8s.Update(context.Background(), o); err != nil {
-			t.Fatal(err)
-		}
+		updateOpt(t, ns, "web", func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.GatewayRoutes = routes })
 	}
 	setRoutes(optv1.GatewayRoute{Kind: optv1.GatewayRouteVirtualService, Name: "web-ingress"})
 	eventually(t, waitFor, "the listed route retargeted", func() error {
@@ -203,11 +216,7 @@ func TestRetargetedRouteFollowsTheHost(t *testing.T) {
 		}
 		return nil
 	})
-	o := getOptimizer(t, ns, "web")
-	o.Spec.Host = "web2." + ns + ".adaptive"
-	if err := k8s.Update(context.Background(), o); err != nil {
-		t.Fatal(err)
-	}
+	o := updateOpt(t, ns, "web", func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.Host = "web2." + ns + ".adaptive" })
 	eventually(t, waitFor, "retargeted to the new host", func() error {
 		vs := getVS(t, ns, "web-ingress")
 		if h := vs.Spec.Http[1].Route[0].Destination.Host; h != o.Spec.Host {
