@@ -1,7 +1,6 @@
 package desired
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -9,7 +8,6 @@ import (
 
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
@@ -19,10 +17,11 @@ import (
 // own routes: an Istio VirtualService bound to a gateway, or a Gateway API
 // route whose parent is a Gateway. The operator's mesh VirtualService does
 // not apply there, so a destination of the Kubernetes host reaches the
-// Service's pods past the weights. This file finds those destinations, says
-// the exact edit that weights them, and computes that edit (a JSON patch of
-// only the destination fields, with a record of what was there) for the
-// routes the user lists in gateway_routes.
+// Service's pods past the weights. This file finds those destinations and
+// says the exact edit that weights them; retarget.go computes that edit (a
+// JSON patch of only the destination fields, with a record of what was
+// there) for the routes the user lists in gateway_routes, and meshroutes.go
+// the Gateway API routes of routing_mode gateway_api.
 
 const (
 	// AnnotationRetargeted records, on a gateway route the operator edited,
@@ -475,183 +474,6 @@ func GatewayAPIRoute(t GatewayTarget, a APIRoute) *GatewayRoute {
 
 func ptrTo(s string) *string { return &s }
 
-// RetargetRecord is one recorded edit of a gateway route, kept in
-// AnnotationRetargeted.
-type RetargetRecord struct {
-	// Optimizer is namespace/name of the optimizer that made the edit.
-	Optimizer string `json:"optimizer"`
-	FieldEdit
-}
-
-// RetargetRecords reads AnnotationRetargeted; a value that does not parse
-// reads as no records (it was not written by the operator).
-func RetargetRecords(annotations map[string]string) []RetargetRecord {
-	var out []RetargetRecord
-	if v := annotations[AnnotationRetargeted]; v != "" {
-		if json.Unmarshal([]byte(v), &out) != nil {
-			return nil
-		}
-	}
-	return out
-}
-
-// recordedPaths maps each recorded path to its original value.
-func recordedPaths(annotations map[string]string) map[string]*string {
-	out := map[string]*string{}
-	for _, r := range RetargetRecords(annotations) {
-		from := r.From
-		if from == nil {
-			from = ptrTo("")
-		}
-		out[r.Path] = from
-	}
-	return out
-}
-
-// PatchOp is one JSON patch (RFC 6902) operation.
-type PatchOp struct {
-	Op    string `json:"op"`
-	Path  string `json:"path"`
-	Value any    `json:"value,omitempty"`
-}
-
-// annotationPath is the JSON pointer of AnnotationRetargeted ("/" is ~1).
-var annotationPath = "/metadata/annotations/" + strings.ReplaceAll(AnnotationRetargeted, "/", "~1")
-
-// RetargetPatch is the JSON patch that applies the edits of route g for
-// optimizer (namespace/name) to the live object obj and records them: each
-// field change preceded by a test that the field still holds what was read
-// (a destination changed meanwhile fails the patch and is read again rather
-// than overwritten; changes elsewhere in the route, such as the status
-// istiod writes on Gateway API routes, do not), then the record. Nil when
-// there is nothing to change.
-func RetargetPatch(obj runtime.Object, meta metav1.Object, g GatewayRoute, optimizer string) ([]PatchOp, error) {
-	var edits []FieldEdit
-	for _, d := range g.Destinations {
-		edits = append(edits, d.Edits...)
-	}
-	if len(edits) == 0 {
-		return nil, nil
-	}
-	doc, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	var ops []PatchOp
-	records := RetargetRecords(meta.GetAnnotations())
-	for _, e := range edits {
-		ops = append(ops, testOp(doc, e.Path)...)
-		ops = append(ops, setOp(doc, e.Path, e.To)...)
-		records = append(records, RetargetRecord{Optimizer: optimizer, FieldEdit: e})
-	}
-	return append(ops, recordOps(meta.GetAnnotations(), records)...), nil
-}
-
-// RestorePatch is the JSON patch that undoes the recorded edits of
-// optimizer on the live object: each field still holding what the operator
-// wrote gets its original value back (a field the user changed since is
-// left as the user set it), and the records go. Nil when it has none.
-func RestorePatch(obj runtime.Object, meta metav1.Object, optimizer string) ([]PatchOp, error) {
-	records := RetargetRecords(meta.GetAnnotations())
-	var keep, mine []RetargetRecord
-	for _, r := range records {
-		if r.Optimizer == optimizer {
-			mine = append(mine, r)
-		} else {
-			keep = append(keep, r)
-		}
-	}
-	if len(mine) == 0 {
-		return nil, nil
-	}
-	doc, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	var ops []PatchOp
-	for _, r := range mine {
-		cur, present := pointerGet(doc, r.Path)
-		if !sameValue(cur, present, r.To) {
-			continue
-		}
-		ops = append(ops, testOp(doc, r.Path)...)
-		ops = append(ops, setOp(doc, r.Path, r.From)...)
-	}
-	return append(ops, recordOps(meta.GetAnnotations(), keep)...), nil
-}
-
-func sameValue(cur any, present bool, want *string) bool {
-	if want == nil {
-		return !present
-	}
-	s, ok := cur.(string)
-	return present && ok && s == *want
-}
-
-// testOp checks that the field at path still holds what doc says (a field
-// that is absent cannot be tested in JSON patch, and gets no test).
-func testOp(doc map[string]any, path string) []PatchOp {
-	if cur, present := pointerGet(doc, path); present {
-		return []PatchOp{{Op: "test", Path: path, Value: cur}}
-	}
-	return nil
-}
-
-// setOp sets (value non-nil) or removes (nil) the field at path.
-func setOp(doc map[string]any, path string, value *string) []PatchOp {
-	_, present := pointerGet(doc, path)
-	switch {
-	case value == nil && present:
-		return []PatchOp{{Op: "remove", Path: path}}
-	case value == nil:
-		return nil // already absent
-	case present:
-		return []PatchOp{{Op: "replace", Path: path, Value: *value}}
-	}
-	return []PatchOp{{Op: "add", Path: path, Value: *value}}
-}
-
-// recordOps writes records into AnnotationRetargeted (removes it when empty).
-func recordOps(annotations map[string]string, records []RetargetRecord) []PatchOp {
-	_, had := annotations[AnnotationRetargeted]
-	if len(records) == 0 {
-		if had {
-			return []PatchOp{{Op: "remove", Path: annotationPath}}
-		}
-		return nil
-	}
-	data, _ := json.Marshal(records)
-	if annotations == nil {
-		return []PatchOp{{Op: "add", Path: "/metadata/annotations", Value: map[string]string{AnnotationRetargeted: string(data)}}}
-	}
-	return []PatchOp{{Op: "add", Path: annotationPath, Value: string(data)}}
-}
-
-// pointerGet reads a JSON pointer (RFC 6901) from a decoded document.
-func pointerGet(doc any, path string) (any, bool) {
-	cur := doc
-	for _, tok := range strings.Split(strings.TrimPrefix(path, "/"), "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		switch c := cur.(type) {
-		case map[string]any:
-			v, ok := c[tok]
-			if !ok {
-				return nil, false
-			}
-			cur = v
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(c) {
-				return nil, false
-			}
-			cur = c[i]
-		default:
-			return nil, false
-		}
-	}
-	return cur, true
-}
-
 // GatewayRouteStatus turns found routes into status entries, the first
 // limit by kind, namespace and name, and says how many bypass the weights.
 func GatewayRouteStatus(routes []GatewayRoute, limit int) ([]optv1.GatewayRouteStatus, int) {
@@ -709,121 +531,4 @@ func BypassProblem(routes []GatewayRoute) *Problem {
 		"%d gateway route(s) send the Service's traffic to its Kubernetes host, past the weights: %s%s. "+
 			"Make the change, or list the route in gateway_routes to let the operator make it and undo it on deletion",
 		n, strings.Join(msgs, "; "), more)}
-}
-
-// MeshRoute is one Gateway API route of routing_mode gateway_api.
-type MeshRoute struct {
-	Kind   optv1.GatewayRouteKind
-	Object interface {
-		metav1.Object
-		runtime.Object
-	}
-	// Route is the object reduced, for comparison with the live one.
-	Route APIRoute
-}
-
-// MeshRouteName is the name of the owned route of one port.
-func MeshRouteName(service string, port int32) string {
-	return fmt.Sprintf("%s-%d", ObjectName(service), port)
-}
-
-// MeshRoutes are the routes of routing_mode gateway_api: for each optimized
-// port, a route whose parent is the Service on that port (GAMMA: istiod
-// applies it to every sidecar that sees the Service, as a VirtualService of
-// the Kubernetes host on that port) and whose backend is the optimized host
-// on the same port (a networking.istio.io Hostname, which istiod resolves to
-// the ServiceEntry). One route per port because istiod requires a port on
-// every backendRef and a route has one backend list for all its parents.
-// HTTP, HTTP2 and sniffed ports get an HTTPRoute, gRPC ports a GRPCRoute,
-// TCP ports a TCPRoute; TLS ports stay on the Kubernetes Service (a mesh
-// TLSRoute must name SNI hostnames, and istiod builds no TCP chain there).
-//
-// A Gateway API route carries no export scope: istiod exports the routes it
-// derives to every namespace. So a Service whose scope is narrower than "*"
-// gets no routes (a non-fatal problem), which keeps its visibility as it is.
-func MeshRoutes(r Result, opt *optv1.IstioAdaptiveRequestOptimizer) ([]MeshRoute, []Problem) {
-	if len(r.ExportTo) != 1 || r.ExportTo[0] != "*" {
-		return nil, []Problem{{Reason: "GatewayAPIRouteNotScoped", Message: fmt.Sprintf(
-			"Service %s/%s is exported only to %s, and a Gateway API route cannot carry an export scope (istiod exports it to every namespace); "+
-				"no route is written. Use routing_mode: virtual_service, whose VirtualService keeps the Service's scope",
-			r.Namespace, opt.Spec.ServiceName, strings.Join(r.ExportTo, ","))}}
-	}
-	labels := OwnedLabels(opt)
-	annotations := ownedAnnotations(opt.Name)
-	var out []MeshRoute
-	var problems []Problem
-	for _, p := range r.Ports {
-		port := gwv1.PortNumber(p.Number)
-		meta := metav1.ObjectMeta{Name: MeshRouteName(opt.Spec.ServiceName, p.Number), Namespace: r.Namespace, Labels: labels, Annotations: annotations}
-		parent := gwv1.ParentReference{Group: ptrOf(gwv1.Group("")), Kind: ptrOf(gwv1.Kind("Service")), Name: gwv1.ObjectName(opt.Spec.ServiceName), Port: &port}
-		backend := gwv1.BackendRef{BackendObjectReference: gwv1.BackendObjectReference{
-			Group: ptrOf(gwv1.Group(istioGroup)), Kind: ptrOf(gwv1.Kind(hostnameKind)), Name: gwv1.ObjectName(r.Host), Port: &port}}
-		common := gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{parent}}
-		var mr MeshRoute
-		switch {
-		case p.meshProtocol == protoGRPC:
-			o := &gwv1.GRPCRoute{TypeMeta: metav1.TypeMeta{APIVersion: gwv1.GroupVersion.String(), Kind: "GRPCRoute"}, ObjectMeta: meta}
-			o.Spec.CommonRouteSpec = common
-			o.Spec.Rules = []gwv1.GRPCRouteRule{{BackendRefs: []gwv1.GRPCBackendRef{{BackendRef: backend}}}}
-			mr = MeshRoute{Kind: optv1.GatewayRouteGRPCRoute, Object: o, Route: FromGRPCRoute(o)}
-		case routeKindOf(p.meshProtocol) == routeHTTP || routeKindOf(p.meshProtocol) == routeSniffed:
-			o := &gwv1.HTTPRoute{TypeMeta: metav1.TypeMeta{APIVersion: gwv1.GroupVersion.String(), Kind: "HTTPRoute"}, ObjectMeta: meta}
-			o.Spec.CommonRouteSpec = common
-			o.Spec.Rules = []gwv1.HTTPRouteRule{{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: backend}}}}
-			mr = MeshRoute{Kind: optv1.GatewayRouteHTTPRoute, Object: o, Route: FromHTTPRoute(o)}
-			if routeKindOf(p.meshProtocol) == routeSniffed {
-				problems = append(problems, Problem{Reason: "SniffedPortHTTPOnly", Message: fmt.Sprintf(
-					"port %d has no declared protocol; with routing_mode gateway_api only the HTTP requests istiod recognises on it take the HTTPRoute to the weights, other traffic stays on the Kubernetes Service. Name the port (http-, tcp-) or set appProtocol", p.Number)})
-			}
-		case routeKindOf(p.meshProtocol) == routeTCP:
-			o := &gwv1.TCPRoute{TypeMeta: metav1.TypeMeta{APIVersion: gwv1.GroupVersion.String(), Kind: "TCPRoute"}, ObjectMeta: meta}
-			o.Spec.CommonRouteSpec = common
-			o.Spec.Rules = []gwv1.TCPRouteRule{{BackendRefs: []gwv1.BackendRef{backend}}}
-			mr = MeshRoute{Kind: optv1.GatewayRouteTCPRoute, Object: o, Route: FromTCPRoute(o)}
-		default:
-			problems = append(problems, Problem{Reason: "TLSPortNotRouted", Message: fmt.Sprintf(
-				"port %d carries TLS; with routing_mode gateway_api it stays on the Kubernetes Service (a mesh TLSRoute must name SNI hostnames). Use routing_mode virtual_service to weight it", p.Number)})
-			continue
-		}
-		out = append(out, mr)
-	}
-	return out, problems
-}
-
-func ptrOf[T any](v T) *T { return &v }
-
-// MeshRouteUpToDate says whether a live route already has the desired
-// parents, backends and labels (fields the API server defaults, such as a
-// rule's path match or a backend's weight, do not count).
-func MeshRouteUpToDate(want, live APIRoute) bool {
-	for k, v := range want.Labels {
-		if live.Labels[k] != v {
-			return false
-		}
-	}
-	norm := func(a APIRoute) string {
-		var b strings.Builder
-		for _, p := range a.Parents {
-			fmt.Fprintf(&b, "p:%s/%s/%s/%s/%v;", strOr(p.Group, gatewayGroup), strOr(p.Kind, "Gateway"), strOr(p.Namespace, a.Namespace), p.Name, portOf(p.Port))
-		}
-		for _, rule := range a.Backends {
-			b.WriteString("r:")
-			for _, be := range rule {
-				w := int32(1)
-				if be.Weight != nil {
-					w = *be.Weight
-				}
-				fmt.Fprintf(&b, "%s/%s/%s/%s/%v/%d,", strOr(be.Group, ""), strOr(be.Kind, "Service"), strOr(be.Namespace, a.Namespace), be.Name, portOf(be.Port), w)
-			}
-		}
-		return b.String()
-	}
-	return norm(want) == norm(live)
-}
-
-func portOf(p *gwv1.PortNumber) int32 {
-	if p == nil {
-		return 0
-	}
-	return int32(*p)
 }
