@@ -71,6 +71,8 @@ type MirrorReconciler struct {
 	CoverageThreshold float64
 	// Clusters watches the mesh's remote secrets (nil: detection off).
 	Clusters *RemoteClusters
+	// GatewayAPI: the Gateway API route kinds the cluster serves.
+	GatewayAPI GatewayAPI
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
@@ -234,8 +236,17 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.degraded("VirtualServiceConflict", msg)
 		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", "%s", msg)
 	}
+	gw, err := r.planGateways(ctx, opt, &res, live, st)
+	if err != nil {
+		st.failed("ReadFailed", err.Error())
+		return ctrl.Result{}, err
+	}
 
 	if err := r.apply(ctx, opt, res, live); err != nil {
+		st.failed("ApplyFailed", err.Error())
+		return ctrl.Result{}, err
+	}
+	if err := r.applyGateways(ctx, opt, res, live, gw, st); err != nil {
 		st.failed("ApplyFailed", err.Error())
 		return ctrl.Result{}, err
 	}
@@ -371,7 +382,7 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 		return in, live, err
 	}
 
-	if opt.Routing() == optv1.RoutingVirtualService {
+	if opt.Routing() != optv1.RoutingNone {
 		vss := &istionet.VirtualServiceList{}
 		if err := r.Client.List(ctx, vss, client.MatchingFields{indexVirtualServiceHost: desired.KubernetesHost(opt.Spec.ServiceName, ns, r.ClusterDomain)}); err != nil {
 			return in, live, fmt.Errorf("list VirtualServices: %w", err)
@@ -490,6 +501,10 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 	owned := false
 	if controllerutil.ContainsFinalizer(opt, Finalizer) {
 		name := types.NamespacedName{Namespace: opt.TargetNamespace(), Name: desired.ObjectName(opt.Spec.ServiceName)}
+		// Gateway routes go back to the Service before its optimized host goes.
+		if err := r.finalizeGateways(ctx, opt); err != nil {
+			return err
+		}
 		var err error
 		if owned, err = r.deleteOwned(ctx, opt, name); err != nil {
 			return err
@@ -541,6 +556,9 @@ func (r *MirrorReconciler) retarget(ctx context.Context, opt *optv1.IstioAdaptiv
 	old := opt.Status.OwnedObjects
 	if old.ServiceEntry == "" || (old.Namespace == opt.TargetNamespace() && old.ServiceEntry == desired.ObjectName(opt.Spec.ServiceName)) {
 		return nil
+	}
+	if err := r.finalizeGateways(ctx, opt); err != nil {
+		return err
 	}
 	owned, err := r.deleteOwned(ctx, opt, types.NamespacedName{Namespace: old.Namespace, Name: old.ServiceEntry})
 	if err != nil {

@@ -108,6 +108,10 @@ func (r *MirrorReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 			return err
 		}
 	}
+	b, err := r.setupGateways(ctx, mgr, b, byService)
+	if err != nil {
+		return err
+	}
 	return b.Complete(r)
 }
 

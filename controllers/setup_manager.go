@@ -165,6 +165,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, d Dependencies) error {
 	if err := setupCoverage(mgr, d, mirror, wake); err != nil {
 		return err
 	}
+	if mirror.GatewayAPI, err = gatewayAPIFor(mgr); err != nil {
+		return err
+	}
 	if err := mirror.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("set up mirror controller: %w", err)
 	}

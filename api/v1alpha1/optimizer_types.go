@@ -16,13 +16,17 @@ const (
 )
 
 // RoutingMode says which routing objects the operator manages.
-// +kubebuilder:validation:Enum=virtual_service;none
+// +kubebuilder:validation:Enum=virtual_service;gateway_api;none
 type RoutingMode string
 
 const (
 	// RoutingVirtualService: the operator owns a VirtualService that sends the
 	// mesh's traffic for the Kubernetes Service host to the optimized host.
 	RoutingVirtualService RoutingMode = "virtual_service"
+	// RoutingGatewayAPI: the operator owns Gateway API routes (GAMMA: an
+	// HTTPRoute, a GRPCRoute, a TCPRoute) whose parent is the Service and
+	// whose backend is the optimized host, instead of a VirtualService.
+	RoutingGatewayAPI RoutingMode = "gateway_api"
 	// RoutingNone: only the ServiceEntry and DestinationRule are written; users
 	// route to the optimized host themselves.
 	RoutingNone RoutingMode = "none"
@@ -72,6 +76,37 @@ type ServicePort struct {
 	// +kubebuilder:validation:MaxLength=15
 	// +kubebuilder:validation:Pattern=`^([a-z0-9]+-)*[a-z0-9]*[a-z][a-z0-9]*(-[a-z0-9]+)*$`
 	TargetPort *intstr.IntOrString `json:"targetPort,omitempty"`
+}
+
+// GatewayRouteKind is a kind of gateway route the operator can retarget.
+// +kubebuilder:validation:Enum=VirtualService;HTTPRoute;GRPCRoute;TCPRoute;TLSRoute
+type GatewayRouteKind string
+
+const (
+	GatewayRouteVirtualService GatewayRouteKind = "VirtualService"
+	GatewayRouteHTTPRoute      GatewayRouteKind = "HTTPRoute"
+	GatewayRouteGRPCRoute      GatewayRouteKind = "GRPCRoute"
+	GatewayRouteTCPRoute       GatewayRouteKind = "TCPRoute"
+	GatewayRouteTLSRoute       GatewayRouteKind = "TLSRoute"
+)
+
+// GatewayRoute names a gateway route (an Istio VirtualService bound to a
+// gateway, or a Gateway API route whose parent is a Gateway) whose
+// destinations for the Service the operator may point at the optimized
+// host.
+type GatewayRoute struct {
+	// kind of the route.
+	Kind GatewayRouteKind `json:"kind"`
+	// name of the route.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// namespace of the route; defaults to the Service's namespace. Another
+	// namespace than the optimizer's needs the administrator's
+	// cross-namespace opt-in, as service_namespace does.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // Optimization tunes the weight engine. Every field has an operator-wide
@@ -235,9 +270,21 @@ type IstioAdaptiveRequestOptimizerSpec struct {
 	Host string `json:"host,omitempty"`
 
 	// routing_mode: virtual_service (default) sends the mesh's traffic for the
-	// Service to the optimized host; none writes no VirtualService.
+	// Service to the optimized host with a VirtualService; gateway_api does
+	// it with Gateway API routes whose parent is the Service (GAMMA); none
+	// writes no route.
 	// +optional
 	RoutingMode RoutingMode `json:"routing_mode,omitempty"`
+
+	// gateway_routes lists the gateway routes whose destinations for the
+	// Service the operator may retarget to the optimized host, so traffic
+	// entering through those gateways is weighted too. Only the destination
+	// fields are changed; the original host is recorded on the route and put
+	// back when the entry is removed or the optimizer is deleted.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=50
+	GatewayRoutes []GatewayRoute `json:"gateway_routes,omitempty"`
 
 	// load_balancer is the DestinationRule's policy: ROUND_ROBIN (default;
 	// Istio's LEAST_REQUEST is kept until the weights rest on measured
@@ -261,6 +308,24 @@ type OwnedObjects struct {
 	ServiceEntry    string `json:"serviceEntry,omitempty"`
 	VirtualService  string `json:"virtualService,omitempty"`
 	DestinationRule string `json:"destinationRule,omitempty"`
+}
+
+// GatewayRouteStatus is a gateway route that sends the Service's traffic
+// past the weights, or that the operator retargeted.
+type GatewayRouteStatus struct {
+	Kind      GatewayRouteKind `json:"kind"`
+	Namespace string           `json:"namespace"`
+	Name      string           `json:"name"`
+	// gateways the route is bound to (namespace/name).
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	Gateways []string `json:"gateways,omitempty"`
+	// change is the exact edit that weights the route's traffic.
+	Change string `json:"change"`
+	// retargeted: the operator made the change (the route is listed in
+	// gateway_routes).
+	// +optional
+	Retargeted bool `json:"retargeted,omitempty"`
 }
 
 // EndpointWeight is one pod's weight, as computed (and in dry run not applied).
@@ -334,6 +399,18 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// through the weights, and the largest sources that bypass them.
 	// +optional
 	Coverage *TrafficCoverage `json:"coverage,omitempty"`
+	// ownedRoutes are the Gateway API routes of routing_mode gateway_api,
+	// as Kind/name in ownedObjects.namespace (one per optimized port).
+	// +optional
+	// +kubebuilder:validation:MaxItems=100
+	OwnedRoutes []string `json:"ownedRoutes,omitempty"`
+
+	// gatewayRoutes are the gateway routes that send the Service's traffic
+	// to its Kubernetes host (past the weights) and those the operator
+	// retargeted, the first 20 by kind, namespace and name.
+	// +optional
+	// +kubebuilder:validation:MaxItems=20
+	GatewayRoutes []GatewayRouteStatus `json:"gatewayRoutes,omitempty"`
 }
 
 // IstioAdaptiveRequestOptimizer mirrors a Service's ready pods into a weighted

@@ -73,14 +73,21 @@ func TestMain(m *testing.M) {
 func run(m *testing.M) (int, error) {
 	start := time.Now()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
-	api, err := harness.StartAPIServer()
+	// The Gateway API CRDs are installed, as in most meshes today: every
+	// test runs with them, and the Gateway API tests need them.
+	api, err := harness.StartAPIServerWithOptions(harness.APIServerOptions{GatewayAPI: true})
 	if err != nil {
 		return 1, err
 	}
 	defer func() { _ = api.Stop() }()
 	suite.api = api
 
-	istiod, err := harness.StartIstiod(api)
+	istiod, err := harness.StartIstiodWithOptions(api, harness.IstiodOptions{Env: []string{
+		// Outside a cluster nothing would run the Deployments istiod
+		// creates for Gateway API Gateways; the routes need no Deployment
+		// (the gateway tests pass with it on as well).
+		"PILOT_ENABLE_GATEWAY_API_DEPLOYMENT_CONTROLLER=false",
+	}})
 	if err != nil {
 		return 1, err
 	}

@@ -14,9 +14,6 @@ package conformance
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,20 +37,13 @@ import (
 	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
 
-// gatewayAPIVersion is the sigs.k8s.io/gateway-api release whose standard
-// CRDs are installed (the version Istio's go.mod names).
-const gatewayAPIVersion = "v1.6.0"
-
-// gatewayAPICRDs finds the Gateway API standard CRDs in the module cache.
+// gatewayAPICRDs is the directory of the Gateway API standard CRDs of the
+// module version this project pins.
 func gatewayAPICRDs(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	dir, err := harness.GatewayAPICRDs()
 	if err != nil {
-		t.Fatalf("go env GOMODCACHE: %v", err)
-	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), "sigs.k8s.io", "gateway-api@"+gatewayAPIVersion, "config", "crd", "standard")
-	if _, err := os.Stat(dir); err != nil {
-		t.Fatalf("the Gateway API CRDs are not in the module cache (%v): run `go mod download sigs.k8s.io/gateway-api@%s`", err, gatewayAPIVersion)
+		t.Fatalf("the Gateway API CRDs: %v", err)
 	}
 	return dir
 }
@@ -273,8 +263,6 @@ func mustCreateAll(t *testing.T, ctx context.Context, c client.Client, objs ...c
 		}
 	}
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 func getServiceEntry(ctx context.Context, c client.Client, ns string) (*istionet.ServiceEntry, error) {
 	se := &istionet.ServiceEntry{}

@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -153,6 +154,48 @@ func TestManagerRunsWithInstalledRBAC(t *testing.T) {
 
 	t.Run("remote secrets", func(t *testing.T) {
 		remoteSecretsDetected(t, c, user.Config(), samples[0], logs)
+	})
+
+	t.Run("gateway routes", func(t *testing.T) {
+		// A gateway's HTTPRoute to the Service, listed in gateway_routes, is
+		// retargeted (patch); routing_mode gateway_api creates the mesh
+		// routes (create). Both under the installed RBAC.
+		route := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+			"metadata": map[string]any{"namespace": "default", "name": "myapp-ingress"},
+			"spec": map[string]any{
+				"parentRefs": []any{map[string]any{"name": "ingress", "namespace": "istio-system"}},
+				"rules":      []any{map[string]any{"backendRefs": []any{map[string]any{"name": "myapp-service", "port": int64(8080)}}}},
+			},
+		}}
+		if err := createWhenServed(ctx, c, route); err != nil {
+			t.Fatal(err)
+		}
+		opt := samples[0].DeepCopy()
+		patch := []byte(`{"spec":{"routing_mode":"gateway_api","gateway_routes":[{"kind":"HTTPRoute","name":"myapp-ingress"}]}}`)
+		if err := c.Patch(ctx, opt, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, logs, "the HTTPRoute retargeted and the mesh routes written", func() error {
+			got := route.DeepCopy()
+			if err := c.Get(ctx, client.ObjectKeyFromObject(got), got); err != nil {
+				return err
+			}
+			rules, _, _ := unstructured.NestedSlice(got.Object, "spec", "rules")
+			refs, _, _ := unstructured.NestedSlice(rules[0].(map[string]any), "backendRefs")
+			if kind := refs[0].(map[string]any)["kind"]; kind != "Hostname" {
+				return fmt.Errorf("backendRef kind %v", kind)
+			}
+			for _, kind := range []string{"HTTPRoute", "GRPCRoute"} {
+				mesh := &unstructured.Unstructured{}
+				mesh.SetGroupVersionKind(schema.GroupVersionKind{Group: "gateway.networking.k8s.io", Version: "v1", Kind: kind})
+				name := map[string]string{"HTTPRoute": "myapp-service-adaptive-8080", "GRPCRoute": "myapp-service-adaptive-9090"}[kind]
+				if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, mesh); err != nil {
+					return fmt.Errorf("%s %s: %w", kind, name, err)
+				}
+			}
+			return nil
+		})
 	})
 
 	t.Run("metrics", func(t *testing.T) {
@@ -415,9 +458,20 @@ func startAPIServerWithIstio(t *testing.T, root string) (*envtest.Environment, c
 	if err != nil {
 		t.Fatalf("locate the istio.io/api module: %v", err)
 	}
+	// The Gateway API CRDs too, so the manager reads and writes the routes
+	// under the installed RBAC as well.
+	gwList := exec.CommandContext(t.Context(), "go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api")
+	gwList.Dir = root
+	gwDir, err := gwList.Output()
+	if err != nil {
+		t.Fatalf("locate the sigs.k8s.io/gateway-api module: %v", err)
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths:     []string{filepath.Join(strings.TrimSpace(string(dir)), "kubernetes", "customresourcedefinitions.gen.yaml")},
+		CRDDirectoryPaths: []string{
+			filepath.Join(strings.TrimSpace(string(dir)), "kubernetes", "customresourcedefinitions.gen.yaml"),
+			filepath.Join(strings.TrimSpace(string(gwDir)), "config", "crd", "standard"),
+		},
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := env.Start()

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 )
@@ -89,6 +90,7 @@ func Scheme() *runtime.Scheme {
 	must(clientgoscheme.AddToScheme(s))
 	must(istionet.AddToScheme(s))
 	must(optv1.AddToScheme(s))
+	must(gwv1.Install(s))
 	return s
 }
 
@@ -106,8 +108,44 @@ type APIServer struct {
 	Kubeconfig string // path of a kubeconfig file for external processes
 }
 
+var (
+	gatewayAPICRDOnce sync.Once
+	gatewayAPICRDPath string
+	gatewayAPICRDErr  error
+)
+
+// GatewayAPICRDs is the directory of the Gateway API standard-channel CRDs
+// inside the sigs.k8s.io/gateway-api module this project is pinned to (the
+// version Istio's own go.mod names), so tests install exactly the released
+// CRDs.
+func GatewayAPICRDs() (string, error) {
+	gatewayAPICRDOnce.Do(func() {
+		out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api").Output()
+		if err != nil {
+			gatewayAPICRDErr = fmt.Errorf("locate sigs.k8s.io/gateway-api module: %w", err)
+			return
+		}
+		gatewayAPICRDPath = filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard")
+		if _, err := os.Stat(gatewayAPICRDPath); err != nil {
+			gatewayAPICRDErr = fmt.Errorf("gateway API CRDs: %w", err)
+		}
+	})
+	return gatewayAPICRDPath, gatewayAPICRDErr
+}
+
+// APIServerOptions tune StartAPIServerWithOptions.
+type APIServerOptions struct {
+	// GatewayAPI installs the Gateway API standard CRDs too.
+	GatewayAPI bool
+}
+
 // StartAPIServer starts kube-apiserver and etcd from bin/ (make envtest).
 func StartAPIServer() (*APIServer, error) {
+	return StartAPIServerWithOptions(APIServerOptions{})
+}
+
+// StartAPIServerWithOptions is StartAPIServer with optional extra CRDs.
+func StartAPIServerWithOptions(opts APIServerOptions) (*APIServer, error) {
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -125,12 +163,17 @@ func StartAPIServer() (*APIServer, error) {
 	if err != nil {
 		return nil, err
 	}
+	crds := []string{filepath.Join(root, "config", "crd", "bases"), istioCRDs}
+	if opts.GatewayAPI {
+		gw, err := GatewayAPICRDs()
+		if err != nil {
+			return nil, err
+		}
+		crds = append(crds, gw)
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
-		CRDDirectoryPaths: []string{
-			filepath.Join(root, "config", "crd", "bases"),
-			istioCRDs,
-		},
+		CRDDirectoryPaths:     crds,
 		ErrorIfCRDPathMissing: true,
 		Scheme:                Scheme(),
 	}

@@ -607,18 +607,23 @@ type RouteTarget struct {
 // virtual host's routes; for a VirtualService with only port matches the
 // first is the one for this port).
 func (c *XDSClient) Route(host string, port int) (RouteTarget, error) {
+	return c.RouteIn(strconv.Itoa(port), host, port)
+}
+
+// RouteIn is Route in the route configuration name (a gateway's are
+// "http.<port>"); a virtual host matches host, host:port or host:*.
+func (c *XDSClient) RouteIn(name, host string, port int) (RouteTarget, error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	name := strconv.Itoa(port)
 	rc, ok := c.routes[name]
 	if !ok {
 		return RouteTarget{}, fmt.Errorf("no route configuration %q (have %v)", name, sortedKeys(c.routes))
 	}
-	hostPort := host + ":" + name
+	hostPort := host + ":" + strconv.Itoa(port)
 	var vh *routev3.VirtualHost
 	for _, v := range rc.GetVirtualHosts() {
 		for _, d := range v.GetDomains() {
-			if d == host || d == hostPort {
+			if d == host || d == hostPort || d == host+":*" {
 				vh = v
 				break
 			}
