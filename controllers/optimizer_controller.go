@@ -95,6 +95,9 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	st := newStatus(opt)
 	defer func() {
 		st.apply(opt, r.Clock.Now())
+		if st.stall != nil {
+			r.Loop.Stop(req.NamespacedName) // a Stalled optimizer does not query
+		}
 		for _, c := range opt.Status.Conditions {
 			r.Metrics.SetCondition(opt.Namespace, opt.Name, c.Type, string(c.Status), c.Reason)
 		}
@@ -113,6 +116,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		}
 	}()
 
+	r.reportDecodeProblems(ctx, opt, st)
 	if msg := invalidSpec(opt); msg != "" {
 		// Checked before the finalizer is added: nothing is written for
 		// this spec, so nothing needs cleaning up. Not retried: the
