@@ -331,7 +331,8 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 	}
 
 	slices := &discoveryv1.EndpointSliceList{}
-	if err := r.Client.List(ctx, slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: opt.Spec.ServiceName}); err != nil {
+	// Read only (desired.Compute copies what it keeps), so not deep-copied.
+	if err := r.Client.List(ctx, slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: opt.Spec.ServiceName}, client.UnsafeDisableDeepCopy); err != nil {
 		return in, live, fmt.Errorf("list EndpointSlices of %s/%s: %w", ns, opt.Spec.ServiceName, err)
 	}
 	in.Slices = slices.Items
