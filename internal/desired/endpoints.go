@@ -131,11 +131,12 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 	for _, ep := range byAddr {
 		eps = append(eps, ep)
 	}
-	sort.Slice(eps, func(i, j int) bool {
-		if eps[i].Pod != eps[j].Pod {
-			return eps[i].Pod < eps[j].Pod
+	// Addresses are unique, so the order is total.
+	slices.SortFunc(eps, func(a, b Endpoint) int {
+		if c := strings.Compare(a.Pod, b.Pod); c != 0 {
+			return c
 		}
-		return eps[i].Address < eps[j].Address
+		return strings.Compare(a.Address, b.Address)
 	})
 	if len(eps) > MaxEndpoints {
 		// Routing the first MaxEndpoints would leave the other ready pods
@@ -182,7 +183,7 @@ func assignWeights(eps []Endpoint, byPod, byAddress map[string]uint32) {
 	}
 	fallback := DefaultWeight
 	if len(ws) > 0 {
-		sort.Slice(ws, func(i, j int) bool { return ws[i] < ws[j] })
+		slices.Sort(ws)
 		fallback = ws[len(ws)/2]
 	}
 	for i := range eps {
