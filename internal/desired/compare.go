@@ -32,7 +32,7 @@ func UpToDate(manager string, desired, live metav1.Object, desiredSpec, liveSpec
 	if len(desired.GetOwnerReferences()) > 0 && !hasOwners(live.GetOwnerReferences(), desired.GetOwnerReferences()) {
 		return false
 	}
-	if proto.Equal(desiredSpec, liveSpec) {
+	if specEqual(desiredSpec, liveSpec) {
 		// The usual case, and the cheap one: a spec that is already exactly
 		// what is desired needs no apply whoever owns its fields. Reading
 		// the owned fields costs two JSON encodings of the spec, a third of
