@@ -32,6 +32,7 @@ import (
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/controllers"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
@@ -126,6 +127,9 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error)
 	}
 	if len(o.headerFiles) > 0 {
 		o.prometheus.HeaderFiles = o.headerFiles
+	}
+	if msg := desired.ClusterDomainProblem(o.clusterDomain); msg != "" {
+		return nil, nil, fmt.Errorf("--cluster-domain: %s", msg)
 	}
 	return o, zo, o.controllerOptions.Validate()
 }

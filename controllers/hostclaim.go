@@ -54,7 +54,8 @@ func (h *HostClaims) Check(ctx context.Context, opt *optv1.IstioAdaptiveRequestO
 		return nil, fmt.Errorf("list optimizers of host %s: %w", host, err)
 	}
 	ses := &istionet.ServiceEntryList{}
-	if err := h.Client.List(ctx, ses, client.MatchingFields{indexServiceEntryHost: host}); err != nil {
+	// Only the labels are read: no deep copy of endpoint lists.
+	if err := h.Client.List(ctx, ses, client.MatchingFields{indexServiceEntryHost: host}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list ServiceEntries of host %s: %w", host, err)
 	}
 

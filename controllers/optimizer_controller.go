@@ -73,6 +73,8 @@ type MirrorReconciler struct {
 	Clusters *RemoteClusters
 	// GatewayAPI: the Gateway API route kinds the cluster serves.
 	GatewayAPI GatewayAPI
+
+	memo weightsMemo // the engine's last weights per optimizer (weightsmemo.go)
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
@@ -91,6 +93,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		if apierrors.IsNotFound(err) {
 			r.Loop.Stop(req.NamespacedName)
 			r.Weights.Forget(req.NamespacedName)
+			r.memo.forget(req.NamespacedName)
 			r.Metrics.ForgetOptimizer(req.Namespace, req.Name)
 			return ctrl.Result{}, nil
 		}
@@ -103,6 +106,9 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	st := newStatus(opt)
 	defer func() {
 		st.apply(opt, r.Clock.Now())
+		if st.stall != nil {
+			r.Loop.Stop(req.NamespacedName) // a Stalled optimizer does not query
+		}
 		for _, c := range opt.Status.Conditions {
 			r.Metrics.SetCondition(opt.Namespace, opt.Name, c.Type, string(c.Status), c.Reason)
 		}
@@ -121,6 +127,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		}
 	}()
 
+	r.reportDecodeProblems(ctx, opt, st)
 	if msg := invalidSpec(opt); msg != "" {
 		// Checked before the finalizer is added: nothing is written for
 		// this spec, so nothing needs cleaning up. Not retried: the
@@ -182,7 +189,17 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	r.Weights.Restore(req.NamespacedName, settings.Params, learnedSnapshot(opt))
 	in.WeightsLearned = weightsLearned(r.Weights.Outcome(req.NamespacedName), useEngine, live.dr)
 	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
-		return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
+		compute := func() map[string]uint32 {
+			return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
+		}
+		if !useEngine {
+			return compute()
+		}
+		var cycle time.Time
+		if out := r.Weights.Outcome(req.NamespacedName); out != nil {
+			cycle = out.Time
+		}
+		return r.memo.weightsFor(req.NamespacedName, opt.Generation, cycle, eps, in.LiveWeights, compute)
 	}
 	res := desired.Compute(in)
 	st.host = res.Host
@@ -332,7 +349,8 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 	}
 
 	slices := &discoveryv1.EndpointSliceList{}
-	if err := r.Client.List(ctx, slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: opt.Spec.ServiceName}); err != nil {
+	// Read only (desired.Compute copies what it keeps), so not deep-copied.
+	if err := r.Client.List(ctx, slices, client.InNamespace(ns), client.MatchingLabels{discoveryv1.LabelServiceName: opt.Spec.ServiceName}, client.UnsafeDisableDeepCopy); err != nil {
 		return in, live, fmt.Errorf("list EndpointSlices of %s/%s: %w", ns, opt.Spec.ServiceName, err)
 	}
 	in.Slices = slices.Items
@@ -368,7 +386,9 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 
 	name := types.NamespacedName{Namespace: ns, Name: desired.ObjectName(opt.Spec.ServiceName)}
 	var err error
-	if live.se, err = getOptional(ctx, r.Client, name, &istionet.ServiceEntry{}); err != nil {
+	// The cache's own copy, read only: a deep copy of a ServiceEntry of
+	// 4000 endpoints was a tenth of a reconcile (docs/scale.md).
+	if live.se, err = getOptional(ctx, r.Client, name, &istionet.ServiceEntry{}, client.UnsafeDisableDeepCopy); err != nil {
 		return in, live, err
 	}
 	if live.dr, err = getOptional(ctx, r.Client, name, &istionet.DestinationRule{}); err != nil {
@@ -399,9 +419,9 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 	return in, live, nil
 }
 
-func getOptional[T client.Object](ctx context.Context, c client.Client, key types.NamespacedName, obj T) (T, error) {
+func getOptional[T client.Object](ctx context.Context, c client.Client, key types.NamespacedName, obj T, opts ...client.GetOption) (T, error) {
 	var zero T
-	if err := c.Get(ctx, key, obj); err != nil {
+	if err := c.Get(ctx, key, obj, opts...); err != nil {
 		if apierrors.IsNotFound(err) {
 			return zero, nil
 		}
@@ -517,6 +537,7 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 	}
 	r.Loop.Stop(key)
 	r.Weights.Forget(key)
+	r.memo.forget(key)
 	r.Metrics.ForgetOptimizer(key.Namespace, key.Name)
 	if owned {
 		// Only the optimizer that owned the objects publishes the Service's

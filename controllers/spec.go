@@ -21,7 +21,7 @@ const ReasonInvalidSpec = "InvalidSpec"
 // it is: guessing what the user meant (a default cycle, port 80) would route
 // traffic in a way nobody asked for.
 func invalidSpec(opt *optv1.IstioAdaptiveRequestOptimizer) string {
-	var problems []string
+	problems := undecodedSpec(opt)
 	if o := opt.Spec.Optimization; o != nil {
 		for _, f := range durationFields(o) {
 			if err := f.value.Err(); err != nil {

@@ -99,7 +99,7 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 	case s.stall != nil:
 		set(optv1.ConditionReady, metav1.ConditionFalse, s.stall.reason, s.stall.message)
 		set(optv1.ConditionStalled, metav1.ConditionTrue, s.stall.reason, s.stall.message)
-		set(optv1.ConditionReconciling, metav1.ConditionFalse, s.stall.reason, "Waiting for the problem to be fixed; live routing objects are left as they are")
+		set(optv1.ConditionReconciling, metav1.ConditionFalse, s.stall.reason, "Waiting for the problem Stalled names to be fixed")
 	case s.fail != nil:
 		// A transient error: retried with backoff, so still reconciling.
 		set(optv1.ConditionReady, metav1.ConditionFalse, s.fail.reason, s.fail.message)
@@ -114,15 +114,21 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 		set(optv1.ConditionReconciling, metav1.ConditionFalse, "Reconciled", "Up to date")
 		set(optv1.ConditionStalled, metav1.ConditionFalse, "Reconciled", "No problem found")
 	}
-	if len(s.degrade) > 0 {
-		reasons := make([]string, 0, len(s.degrade))
-		msgs := make([]string, 0, len(s.degrade))
-		for _, d := range s.degrade {
+	degrade := s.degrade
+	if s.stall != nil {
+		// Nothing is optimized as asked while stalled: Degraded says so
+		// too, first, so no condition claims everything is routed.
+		degrade = append([]reasonMessage{*s.stall}, degrade...)
+	}
+	if len(degrade) > 0 {
+		reasons := make([]string, 0, len(degrade))
+		msgs := make([]string, 0, len(degrade))
+		for _, d := range degrade {
 			reasons = append(reasons, d.reason)
 			msgs = append(msgs, d.message)
 		}
 		set(optv1.ConditionDegraded, metav1.ConditionTrue, reasons[0], strings.Join(msgs, "; "))
-	} else if s.stall == nil && s.fail == nil {
+	} else if s.fail == nil {
 		set(optv1.ConditionDegraded, metav1.ConditionFalse, "AsExpected", "All requested ports and endpoints are routed")
 	}
 }

@@ -28,6 +28,7 @@ type Metrics struct {
 	WatchErrors      *prometheus.CounterVec
 	SignalAvailable  *prometheus.GaugeVec
 	TrafficCoverage  *prometheus.GaugeVec
+	InvalidObjects   *prometheus.GaugeVec
 
 	// pods holds the per-pod series (see podseries.go).
 	pods *podStore
@@ -117,7 +118,21 @@ func New() *Metrics {
 			Name: "optimizer_traffic_coverage_ratio",
 			Help: "Share of the requests a Service's pods received over the coverage window that clients sent to the optimized host (through the weights); absent without traffic or when the query fails.",
 		}, serviceLabels),
+		InvalidObjects: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_invalid_objects",
+			Help: "For each stored optimizer with parts that did not decode (a value of the wrong type or range, an unknown field: written past the CRD's validation), how many; sum() is the number of such objects' problems, count() the objects.",
+		}, []string{"namespace", "name"}),
 	}
+}
+
+// SetInvalidObject publishes how many parts of an optimizer did not
+// decode; 0 deletes its series.
+func (m *Metrics) SetInvalidObject(namespace, name string, problems int) {
+	if problems == 0 {
+		m.InvalidObjects.DeleteLabelValues(namespace, name)
+		return
+	}
+	m.InvalidObjects.WithLabelValues(namespace, name).Set(float64(problems))
 }
 
 // SetCondition publishes one condition of an optimizer, replacing the
@@ -134,6 +149,7 @@ func (m *Metrics) ForgetOptimizer(namespace, name string) {
 	opt := prometheus.Labels{"namespace": namespace, "name": name}
 	m.Condition.DeletePartialMatch(opt)
 	m.ReconcilerErrors.DeletePartialMatch(opt)
+	m.InvalidObjects.DeletePartialMatch(opt)
 }
 
 // Collectors lists every series for registration.
@@ -142,6 +158,7 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
 		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode,
 		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors, m.SignalAvailable, m.TrafficCoverage,
+		m.InvalidObjects,
 	}
 }
 

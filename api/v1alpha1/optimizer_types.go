@@ -431,6 +431,9 @@ type IstioAdaptiveRequestOptimizer struct {
 	// +kubebuilder:validation:Required
 	Spec   IstioAdaptiveRequestOptimizerSpec   `json:"spec"`
 	Status IstioAdaptiveRequestOptimizerStatus `json:"status,omitempty"`
+
+	// decodeProblems: what did not decode when the object was read (decode.go).
+	decodeProblems []DecodeProblem `json:"-"`
 }
 
 // IstioAdaptiveRequestOptimizerList is a list of optimizers.

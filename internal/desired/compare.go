@@ -32,9 +32,16 @@ func UpToDate(manager string, desired, live metav1.Object, desiredSpec, liveSpec
 	if len(desired.GetOwnerReferences()) > 0 && !hasOwners(live.GetOwnerReferences(), desired.GetOwnerReferences()) {
 		return false
 	}
+	if specEqual(desiredSpec, liveSpec) {
+		// The usual case, and the cheap one: a spec that is already exactly
+		// what is desired needs no apply whoever owns its fields. Reading
+		// the owned fields costs two JSON encodings of the spec, a third of
+		// a 4000-pod reconcile.
+		return true
+	}
 	owned := ownedFields(live.GetManagedFields(), manager)
 	if owned == nil {
-		return proto.Equal(desiredSpec, liveSpec)
+		return false
 	}
 	want, err1 := specMap(desiredSpec)
 	have, err2 := specMap(liveSpec)

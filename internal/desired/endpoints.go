@@ -3,6 +3,7 @@ package desired
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -30,19 +31,20 @@ func sortedEndpoints(eps []discoveryv1.Endpoint) []discoveryv1.Endpoint {
 		return b.String()
 	}
 	// Keys are built once, not per comparison: at 4000 endpoints building
-	// them in the comparator was a quarter of a reconcile.
+	// them in the comparator was a quarter of a reconcile. Indices are
+	// sorted, not the endpoints, which are ten times larger to swap.
 	type keyed struct {
 		key string
-		ep  discoveryv1.Endpoint
+		i   int
 	}
 	ks := make([]keyed, len(eps))
 	for i, e := range eps {
-		ks[i] = keyed{key(e), e}
+		ks[i] = keyed{key(e), i}
 	}
-	sort.SliceStable(ks, func(i, j int) bool { return ks[i].key < ks[j].key })
+	slices.SortStableFunc(ks, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
 	out := make([]discoveryv1.Endpoint, len(ks))
 	for i, k := range ks {
-		out[i] = k.ep
+		out[i] = eps[k.i]
 	}
 	return out
 }
@@ -129,11 +131,12 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 	for _, ep := range byAddr {
 		eps = append(eps, ep)
 	}
-	sort.Slice(eps, func(i, j int) bool {
-		if eps[i].Pod != eps[j].Pod {
-			return eps[i].Pod < eps[j].Pod
+	// Addresses are unique, so the order is total.
+	slices.SortFunc(eps, func(a, b Endpoint) int {
+		if c := strings.Compare(a.Pod, b.Pod); c != 0 {
+			return c
 		}
-		return eps[i].Address < eps[j].Address
+		return strings.Compare(a.Address, b.Address)
 	})
 	if len(eps) > MaxEndpoints {
 		// Routing the first MaxEndpoints would leave the other ready pods
@@ -180,7 +183,7 @@ func assignWeights(eps []Endpoint, byPod, byAddress map[string]uint32) {
 	}
 	fallback := DefaultWeight
 	if len(ws) > 0 {
-		sort.Slice(ws, func(i, j int) bool { return ws[i] < ws[j] })
+		slices.Sort(ws)
 		fallback = ws[len(ws)/2]
 	}
 	for i := range eps {

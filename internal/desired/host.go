@@ -65,7 +65,7 @@ func dnsSyntax(host string) string {
 			}
 		}
 	}
-	return ""
+	return numericTopLabel(host)
 }
 
 // invalidHost refuses an optimized host that is not a valid DNS name, or that

@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -313,57 +311,4 @@ func startManager(t *testing.T, api *harness.APIServer, args ...string) (metrics
 		}
 	})
 	return metricsAddr, probeAddr, cmd.Process
-}
-
-// TestUndecodableObjectFailsReadyz: should an object still fail to decode
-// (here a status weight of -1, stored under a CRD without the ranges), the
-// manager does not report ready on a stale cache: /readyz names the failing
-// informer and optimizer_watch_errors_total counts it.
-func TestUndecodableObjectFailsReadyz(t *testing.T) {
-	api, err := harness.StartAPIServer()
-	if err != nil {
-		t.Fatalf("start API server: %v", err)
-	}
-	t.Cleanup(func() { _ = api.Stop() })
-	scheme := harness.Scheme()
-	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(api.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	setSchema(t, c, func(s *apiextensionsv1.JSONSchemaProps) { stripValidation(s) })
-	mustApply(t, c, Namespace("broken"))
-	u := badOptimizer("broken", badSpec{name: "broken"})
-	if err := c.Create(ctx, u); err != nil {
-		t.Fatal(err)
-	}
-	harness.Eventually(t, 30*time.Second, "a status weight of -1 stored", func() error {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(u), u); err != nil {
-			return err
-		}
-		u.Object["status"] = map[string]any{"weights": []any{map[string]any{"pod": "p", "address": "a", "weight": int64(-1)}}}
-		return c.Status().Update(ctx, u)
-	})
-
-	metricsAddr, probeAddr, _ := startManager(t, api, "--leader-elect=false")
-	harness.Eventually(t, 60*time.Second, "/readyz fails naming the optimizer informer", func() error {
-		resp, err := http.Get("http://" + probeAddr + "/readyz?verbose")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode == http.StatusOK || !strings.Contains(string(b), "informers") {
-			return fmt.Errorf("/readyz %d %q", resp.StatusCode, b)
-		}
-		return nil
-	})
-	if m := get(t, "http://"+metricsAddr+"/metrics"); !strings.Contains(m, `optimizer_watch_errors_total{resource="v1alpha1.IstioAdaptiveRequestOptimizer"}`) {
-		t.Errorf("/metrics lacks optimizer_watch_errors_total for the optimizer informer")
-	}
-	// A manager whose cache never syncs stops on SIGINT too: the cleanup
-	// of startManager fails the test unless it exits within 10 s.
 }
