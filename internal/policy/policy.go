@@ -29,6 +29,7 @@
 package policy
 
 import (
+	"hash/fnv"
 	"math/rand/v2"
 	"time"
 
@@ -105,6 +106,15 @@ func LookInterval(scrape time.Duration) time.Duration {
 		return 0
 	}
 	return max(scrape/looksPerScrape, minLookInterval)
+}
+
+// JitterSeed is the seed of an optimizer's jitter, from its namespace/name:
+// optimizers spread their cycles over the cycle, and one optimizer's
+// instants do not depend on when its manager started.
+func JitterSeed(name string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return h.Sum64()
 }
 
 // NewJitter returns a deterministic jitter source for seed (PCG).
@@ -279,6 +289,10 @@ func (p *Policy) Weights(now time.Time, pods []weights.Pod) map[string]uint32 {
 	return p.eng.Weights(now, pods)
 }
 
+// SetPods records the current pod set (the endpoints the weights were
+// applied to) without asking for weights.
+func (p *Policy) SetPods(pods []weights.Pod) { p.pods = append(p.pods[:0], pods...) }
+
 // Applied records that weights w are live from now (the caller wrote them,
 // or confirmed them unchanged).
 func (p *Policy) Applied(now time.Time, w map[string]uint32) {
@@ -288,7 +302,8 @@ func (p *Policy) Applied(now time.Time, w map[string]uint32) {
 // Next returns what is due next and when (at or before now: at once). It
 // changes nothing, so the caller may ask again at any time.
 func (p *Policy) Next(now time.Time) (Action, time.Time) {
-	if !p.optedIn || len(p.pods) == 0 {
+	if !p.optedIn || len(p.pods) == 0 || p.cfg.Cycle <= 0 {
+		// Not opted in, no pods, or not configured yet.
 		return Wait, time.Time{}
 	}
 	if p.early {
@@ -304,6 +319,10 @@ func (p *Policy) Next(now time.Time) (Action, time.Time) {
 	}
 	return Cycle, p.nextCycle
 }
+
+// LookWanted reports whether a look between cycles is worth its query now
+// (see Next).
+func (p *Policy) LookWanted() bool { return p.optedIn && p.lookWanted() }
 
 // lookWanted: looks are on, ROUND_ROBIN is live (under LEAST_REQUEST the
 // clients steer around a queue within a request) and the engine's alarm
