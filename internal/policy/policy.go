@@ -249,16 +249,14 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 	case restart:
 		p.eng.Seed(now, seed)
 	default:
+		// The window before the opt-in is history the engine can learn
+		// from: equal weights over all of it. Not capacities: nothing is
+		// known of those yet (a seed would take equal weights for them).
 		equal := make(map[string]uint32, len(pods))
 		for _, pod := range pods {
-			equal[pod.Name] = p.cfg.Engine.MeanWeight
+			equal[pod.Name] = 1
 		}
-		if p.cfg.Engine.MeanWeight == 0 {
-			for name := range equal {
-				equal[name] = weights.DefaultParams().MeanWeight
-			}
-		}
-		p.eng.Seed(now, equal)
+		p.eng.Applied(now.Add(-p.horizon()), equal)
 	}
 	if restart && liveBalancer == weights.BalancerRoundRobin {
 		// The manager before this one had learned; its weights are live
@@ -440,12 +438,15 @@ func (p *Policy) liveOver(now time.Time) weights.Balancer {
 	if p.balancer == weights.BalancerLeastRequest {
 		return weights.BalancerLeastRequest
 	}
-	horizon := p.cfg.Engine.QueryWindow + p.cfg.Engine.ScrapeInterval
-	if !p.leastRequestUntil.IsZero() && now.Sub(p.leastRequestUntil) < horizon {
+	if !p.leastRequestUntil.IsZero() && now.Sub(p.leastRequestUntil) < p.horizon() {
 		return weights.BalancerLeastRequest
 	}
 	return weights.BalancerRoundRobin
 }
+
+// horizon is how far back a query window's samples can reach: the window
+// plus one scrape interval.
+func (p *Policy) horizon() time.Duration { return p.cfg.Engine.QueryWindow + p.cfg.Engine.ScrapeInterval }
 
 // Balancer is what the DestinationRule should say now, and why.
 func (p *Policy) Balancer() (weights.Balancer, Reason) { return p.balancer, p.why }
