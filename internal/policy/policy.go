@@ -446,7 +446,9 @@ func (p *Policy) liveOver(now time.Time) weights.Balancer {
 
 // horizon is how far back a query window's samples can reach: the window
 // plus one scrape interval.
-func (p *Policy) horizon() time.Duration { return p.cfg.Engine.QueryWindow + p.cfg.Engine.ScrapeInterval }
+func (p *Policy) horizon() time.Duration {
+	return p.cfg.Engine.QueryWindow + p.cfg.Engine.ScrapeInterval
+}
 
 // Balancer is what the DestinationRule should say now, and why.
 func (p *Policy) Balancer() (weights.Balancer, Reason) { return p.balancer, p.why }
