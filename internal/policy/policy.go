@@ -20,12 +20,14 @@
 //     Istio's default LEAST_REQUEST, and the engine is told so over the
 //     whole query window (no empty history). After a restart the live
 //     weights, with the persisted weights.Snapshot, are settled estimates.
-//   - The load balancer. LEAST_REQUEST until the engine's result is
-//     Learned, then the user's choice; once learned it stays there, except
-//     for a spell of LEAST_REQUEST after an alarm (at most one spell per
-//     spellSpacing) and while the weights have fallen back to equal. The
-//     engine is told which balancer was live over each query window
-//     (weights.Observation.Balancer).
+//   - The load balancer. LEAST_REQUEST until the engine's results have been
+//     Learned for a whole query window, then the user's choice. A later result that is not Learned
+//     (an alarm, a drained pod, a pod without data) starts a spell of
+//     LEAST_REQUEST, as do weights fallen back to equal; it ends when the
+//     results have been Learned for a whole query window, so one result at
+//     the edge of the engine's confidence does not switch the mesh back and
+//     forth. The engine is told which balancer was live over each query
+//     window (weights.Observation.Balancer).
 package policy
 
 import (
@@ -91,14 +93,6 @@ const looksPerScrape = 3
 // typo of 15ms for 15s would otherwise send a query every 5ms).
 const minLookInterval = time.Second
 
-// spellSpacing bounds the alarm spells of LEAST_REQUEST: one may start only
-// when no other started within this time. A spell costs two DestinationRule
-// writes, each rebuilding the cluster in every client sidecar; a Service
-// whose alarm rings more often than hourly has either a recurring problem
-// that the user's LEAST_REQUEST solves for good, or a noisy alarm, and
-// either way two writes an hour bound the control plane's churn.
-const spellSpacing = time.Hour
-
 // LookInterval is the look period for a scrape interval: a third of it, at
 // least a second; 0 for an unknown scrape interval.
 func LookInterval(scrape time.Duration) time.Duration {
@@ -130,7 +124,7 @@ const (
 	// ReasonUserChoice: the user asked for LEAST_REQUEST.
 	ReasonUserChoice Reason = "UserChoice"
 	// ReasonLearning: LEAST_REQUEST (Istio's default) until the weights
-	// rest on measured capacity.
+	// have rested on measured capacity for a query window.
 	ReasonLearning Reason = "Learning"
 	// ReasonLearned: the weights were learned; the user's choice.
 	ReasonLearned Reason = "Learned"
@@ -138,8 +132,12 @@ const (
 	// manager's first cycle (after a restart).
 	ReasonRestored Reason = "Restored"
 	// ReasonAlarm: LEAST_REQUEST for a spell after an alarm, until the
-	// engine's result is Learned again.
+	// engine's results have been Learned again for a query window.
 	ReasonAlarm Reason = "Alarm"
+	// ReasonUnsettled: LEAST_REQUEST for a spell while the engine's result
+	// is not Learned (a pod drained or without data), until the results
+	// have been Learned again for a query window.
+	ReasonUnsettled Reason = "Unsettled"
 	// ReasonFallback: LEAST_REQUEST while the weights have fallen back to
 	// equal (failed queries past the expiry).
 	ReasonFallback Reason = "Fallback"
@@ -191,9 +189,10 @@ type Policy struct {
 	// leastRequestUntil is the last instant LEAST_REQUEST was live
 	// (zero: never within memory).
 	leastRequestUntil time.Time
-	spell             bool
-	spellAt           time.Time
-	switches          int
+	// learnedSince is since when the results have been Learned without a
+	// break (zero: the last was not).
+	learnedSince time.Time
+	switches     int
 }
 
 // New returns the policy of one optimizer, before its opt-in.
@@ -367,22 +366,36 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 
 	before := p.balancer
 	lb, why := p.balancer, p.why
+	if !d.Result.Learned || d.Result.Mode == weights.ModeFallback {
+		p.learnedSince = time.Time{}
+	} else if p.learnedSince.IsZero() {
+		p.learnedSince = now
+	}
 	switch {
 	case d.Result.Mode == weights.ModeFallback:
 		lb, why = weights.BalancerLeastRequest, ReasonFallback
-	case d.Result.Learned:
-		p.learned, p.spell = true, false
+	case !p.learned && d.Result.Learned && now.Sub(p.learnedSince) >= p.cfg.Engine.QueryWindow:
+		// The weights have rested on measured capacity for a whole
+		// query window: the first estimates, from a window that may hold
+		// little traffic, are not a verdict on their own.
+		p.learned = true
 		lb, why = weights.BalancerRoundRobin, ReasonLearned
 	case !p.learned:
 		lb, why = weights.BalancerLeastRequest, ReasonLearning
-	case p.spell:
-		// The spell lasts until the result is Learned again.
-	case alarmed && (p.spellAt.IsZero() || now.Sub(p.spellAt) >= spellSpacing):
-		p.spell, p.spellAt = true, now
-		lb, why = weights.BalancerLeastRequest, ReasonAlarm
-	case why == ReasonRestored:
-		// The first cycle after a restart: the manager before had learned.
-		why = ReasonLearned
+	case !d.Result.Learned:
+		// A spell: the engine no longer trusts the weights (a pod fell
+		// behind, is drained, or lacks data) and LEAST_REQUEST steers
+		// around queues within a request.
+		lb, why = weights.BalancerLeastRequest, ReasonUnsettled
+		if alarmed || p.why == ReasonAlarm {
+			why = ReasonAlarm
+		}
+	case p.balancer == weights.BalancerLeastRequest && now.Sub(p.learnedSince) < p.cfg.Engine.QueryWindow:
+		// Learned again, but not yet for a whole query window: a
+		// result at the edge of the engine's confidence flickers, and
+		// each switch rebuilds the cluster in every client sidecar.
+	default:
+		lb, why = weights.BalancerRoundRobin, ReasonLearned
 	}
 	p.setBalancer(now, lb, why)
 	d.Balancer, d.Why = p.balancer, p.why
