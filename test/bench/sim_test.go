@@ -1,7 +1,6 @@
 package main
 
 import (
-	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"math"
 	"os"
 	"path/filepath"
@@ -9,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/test/edf"
 )
 
