@@ -3,7 +3,6 @@ package controllers
 import (
 	"context"
 	"flag"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
 
@@ -99,12 +99,13 @@ func learnedLoop(t *testing.T, clk *clocktesting.FakeClock) (*WeightLoop, *fleet
 	for _, p := range []string{"web-0", "web-1", "web-2", "web-3"} {
 		eps = append(eps, desired.Endpoint{Pod: p, Cores: 2, Weight: 1000})
 	}
+	book.Configure(key, clk.Now(), s)
 	book.Applied(key, s.Params, clk.Now(), eps)
 	src := &fleetSource{s: s, recent: map[string]float64{}}
 	loop := &WeightLoop{Source: src, Book: book, Clock: clk, Metrics: metrics.New(), Wake: make(chan event.GenericEvent, 100)}
 	for range 6 {
 		clk.Step(2 * time.Minute)
-		loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, false)
+		loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
 		if out := book.Outcome(key); out != nil && out.Result.Changed {
 			book.Applied(key, s.Params, clk.Now(), withWeights(book.Endpoints(key), out.Result.Weights))
 		}
@@ -259,7 +260,7 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	// Its windows are from before the slowdown and show web-2 keeping up;
 	// only the recent latency shows it behind. The Service goes to
 	// LEAST_REQUEST until they cover the change.
-	if weightsLearned(out, true, nil) || !strings.Contains(out.Result.Message, "rose past the alarm (web-2 first)") {
+	if out.Balancer != weights.BalancerLeastRequest || !strings.Contains(out.Result.Message, "rose past the alarm (web-2 first)") {
 		t.Errorf("the alarm's cycle: learned %v, %q; want not Learned (LEAST_REQUEST), naming web-2", out.Result.Learned, out.Result.Message)
 	}
 	if got := testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")); got != 1 {
@@ -273,53 +274,51 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	}
 }
 
-// Between two cycles the worker looks every look interval, and no look
-// starts within one interval of the cycle: with 33 s to wait and 5 s
-// looks, at 5, 10, 15, 20 and 25 s, not at 30 s, where an alarm would run a
-// cycle 3 s before the regular one.
+// Between two cycles the running worker looks every look interval, on the
+// injected clock, and no look starts within one interval of the cycle (the
+// policy's timing, internal/policy): the looks after a cycle come 5 s
+// apart and the last at least 5 s before the next cycle.
 func TestLooksKeepClearOfTheCycle(t *testing.T) {
-	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-	loop, src, key, s := learnedLoop(t, clk)
+	clk, loop, src, key, s, wake := runningLoop(t)
 	if s.ProbeInterval != 5*time.Second {
 		t.Fatalf("look interval %v, want 5s (a 15s scrape interval)", s.ProbeInterval)
 	}
-	w := &worker{settings: s, target: target{"ns", "web"}, update: make(chan struct{}, 1)}
+	// The last cycle ran as the worker starts; looks until the next.
+	cycleAt := loop.Book.Outcome(key).Time
+	loop.Ensure(optimizerFor("ns", "web"), s)
 	src.mu.Lock()
-	src.recentAt = nil // the cycles that learned
+	src.recentAt = nil
 	src.mu.Unlock()
-	start := clk.Now()
-	dueAt := start.Add(33 * time.Second)
-	done := make(chan awaited, 1)
-	go func() { done <- loop.await(context.Background(), logr.Discard(), key, w, dueAt) }()
-	for {
-		waitFor(t, func() bool {
-			select {
-			case r := <-done:
-				done <- r
-				return true
-			default:
-				return clk.HasWaiters()
-			}
-		})
-		select {
-		case r := <-done:
-			if r != due {
-				t.Fatalf("await returned %v, want due", r)
-			}
-			var looks []time.Duration
-			src.mu.Lock()
-			for _, at := range src.recentAt {
-				looks = append(looks, at.Sub(start))
-			}
-			src.mu.Unlock()
-			want := []time.Duration{5 * time.Second, 10 * time.Second, 15 * time.Second, 20 * time.Second, 25 * time.Second}
-			if !slices.Equal(looks, want) {
-				t.Errorf("looks at %v after the last cycle, want %v (the cycle is due at 33s)", looks, want)
-			}
-			return
-		default:
-		}
+	for len(wake) == 0 {
+		waitFor(t, func() bool { return clk.HasWaiters() })
 		clk.Step(time.Second)
+		if clk.Now().Sub(cycleAt) > 2*s.Cycle {
+			t.Fatalf("no cycle within %v", 2*s.Cycle)
+		}
+	}
+	next := loop.Book.Outcome(key).Time
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	var looks []time.Duration
+	for _, at := range src.recentAt {
+		if at.Before(next) {
+			looks = append(looks, at.Sub(cycleAt))
+		}
+	}
+	if len(looks) < 4 {
+		t.Fatalf("looks at %v after the cycle, the next at %v", looks, next.Sub(cycleAt))
+	}
+	for i, l := range looks {
+		if l != time.Duration(i+1)*5*time.Second {
+			t.Errorf("looks at %v after the cycle, want every 5s", looks)
+			break
+		}
+	}
+	if gap := next.Sub(cycleAt) - looks[len(looks)-1]; gap < 5*time.Second {
+		t.Errorf("the last look %v before the cycle, want at least 5s", gap)
+	}
+	if d := next.Sub(cycleAt); d < s.Cycle || d > s.Cycle*11/10+time.Second {
+		t.Errorf("the next cycle %v after the last, want the cycle %v plus at most a tenth", d, s.Cycle)
 	}
 }
 
@@ -352,7 +351,7 @@ func TestProbeFailuresAndHeldWeights(t *testing.T) {
 	src.setFailRecent(nil)
 	loop.Source = failingSource{&promsource.ServerError{StatusCode: 503, Type: "server_error", Message: "down"}}
 	clk.Step(30 * time.Second)
-	loop.cycle(context.Background(), logr.Discard(), key, tgt, s, false)
+	loop.cycle(context.Background(), logr.Discard(), key, tgt, s)
 	if out := loop.Book.Outcome(key); out.Result.Mode != "Holding" {
 		t.Fatalf("mode %s after a failed cycle, want Holding", out.Result.Mode)
 	}

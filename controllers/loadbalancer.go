@@ -6,31 +6,55 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
 
-// weightsLearned says whether the weights the mirror writes rest on measured
-// capacity, which lets a ROUND_ROBIN optimizer leave Istio's default
-// LEAST_REQUEST (desired.LoadBalancer). Without the engine (no metrics
-// backend, or dry run) they never do. Before this manager's first cycle
-// (just after a restart) the live DestinationRule's policy is kept, so a
-// restart does not flip the mesh's load balancer back and forth.
-func weightsLearned(out *Outcome, useEngine bool, live *istionet.DestinationRule) bool {
+// weightsLearned says whether the optimizer's policy lets a ROUND_ROBIN
+// optimizer leave Istio's default LEAST_REQUEST (desired.LoadBalancer):
+// policy.Policy decides, from the engine's Learned and its alarms. Without
+// the engine (no metrics backend, or dry run) never. Before the policy is
+// seeded (the first reconcile after a restart) the live DestinationRule's
+// policy is kept, so a restart does not flip the mesh's load balancer back
+// and forth.
+func weightsLearned(book *WeightBook, key types.NamespacedName, useEngine bool, live *istionet.DestinationRule) bool {
 	if !useEngine {
 		return false
 	}
-	if out == nil {
-		return live != nil && live.Spec.GetTrafficPolicy().GetLoadBalancer().GetSimple() == networking.LoadBalancerSettings_ROUND_ROBIN
+	if lb, _, ok := book.Balancer(key); ok {
+		return lb == weights.BalancerRoundRobin
 	}
-	return out.Result.Learned
+	return liveBalancer(live) == weights.BalancerRoundRobin
+}
+
+// liveBalancer is the load balancer of the live DestinationRule, "" when
+// there is none or it sets none the policy knows.
+func liveBalancer(live *istionet.DestinationRule) weights.Balancer {
+	if live == nil {
+		return ""
+	}
+	switch live.Spec.GetTrafficPolicy().GetLoadBalancer().GetSimple() {
+	case networking.LoadBalancerSettings_ROUND_ROBIN:
+		return weights.BalancerRoundRobin
+	case networking.LoadBalancerSettings_LEAST_REQUEST:
+		return weights.BalancerLeastRequest
+	}
+	return ""
 }
 
 // balancer records the policy written into the DestinationRule and, when it
-// is not the one asked for, why.
-func (s *status) balancer(requested optv1.LoadBalancer, written networking.LoadBalancerSettings_SimpleLB, useEngine bool) {
+// is not the one asked for, why (why: the optimizer's policy's reason).
+func (s *status) balancer(requested optv1.LoadBalancer, written networking.LoadBalancerSettings_SimpleLB, useEngine bool, why policy.Reason) {
 	s.loadBalancer = written.String()
 	switch {
 	case string(requested) == s.loadBalancer:
+	case useEngine && why == policy.ReasonAlarm:
+		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default) for a spell after a pod fell behind, until the query window shows it, then %s", s.loadBalancer, requested)
+	case useEngine && why == policy.ReasonFallback:
+		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default) while the weights have fallen back to equal, then %s", s.loadBalancer, requested)
 	case useEngine:
 		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default) until the weights rest on measured capacity and no pod is falling behind, then %s", s.loadBalancer, requested)
 	default:

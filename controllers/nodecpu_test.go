@@ -116,7 +116,7 @@ func TestNodeCPUSignalIsQueriedAndExported(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, false)
+		loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
 		if src.asked[d.NodeCPUQuery] == disabled {
 			t.Errorf("disabled=%v: node CPU query asked=%v", disabled, src.asked[d.NodeCPUQuery])
 		}

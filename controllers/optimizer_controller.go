@@ -186,8 +186,8 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		return ctrl.Result{}, err
 	}
 	useEngine := r.Loop.enabled() && !settings.DryRun
-	r.Weights.Restore(req.NamespacedName, settings.Params, learnedSnapshot(opt))
-	in.WeightsLearned = weightsLearned(r.Weights.Outcome(req.NamespacedName), useEngine, live.dr)
+	r.Weights.Restore(req.NamespacedName, settings.Params, learnedSnapshot(opt), liveBalancer(live.dr))
+	in.WeightsLearned = weightsLearned(r.Weights, req.NamespacedName, useEngine, live.dr)
 	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
 		compute := func() map[string]uint32 {
 			return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
@@ -203,7 +203,8 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	}
 	res := desired.Compute(in)
 	st.host = res.Host
-	st.balancer(opt.Balancer(), res.LoadBalancer, useEngine)
+	_, why, _ := r.Weights.Balancer(req.NamespacedName)
+	st.balancer(opt.Balancer(), res.LoadBalancer, useEngine, why)
 	st.endpointsByPod = make(map[string]desired.Endpoint, len(res.Endpoints))
 	for _, ep := range res.Endpoints {
 		st.endpointsByPod[ep.Pod] = ep
@@ -268,6 +269,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		return ctrl.Result{}, err
 	}
 	r.Weights.Applied(req.NamespacedName, settings.Params, r.Clock.Now(), res.Endpoints)
+	r.Loop.Poke(req.NamespacedName)
 	if err := r.persistLearned(ctx, opt); err != nil {
 		// Only a restart loses by it (it re-learns the noise); not a failure.
 		log.FromContext(ctx).Info("Could not persist the learned state", "error", err.Error())

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
@@ -100,11 +101,12 @@ type Settings struct {
 	// above by complete.
 	RecentCPUWindow, RecentLatencyWindow time.Duration
 	// ProbeInterval is how often, between cycles, the recent latency query
-	// runs for weights.Engine.Alarm, 0 = never: a third of a scrape
-	// interval (at least minProbeInterval), so a new scrape is seen within
-	// a few seconds. Only when the manager allows looks, under
-	// ROUND_ROBIN, outside a dry run, and when the recent latency query
-	// runs. Derived by complete.
+	// runs for weights.Engine.Alarm, 0 = never: policy.LookInterval of the
+	// scrape interval (a third of it), so a new scrape is seen within a
+	// few seconds. Only when the manager allows looks, under ROUND_ROBIN,
+	// outside a dry run, and when the recent latency query runs; the
+	// policy runs a look only while ROUND_ROBIN is live on learned
+	// weights. Derived by complete.
 	ProbeInterval time.Duration
 }
 
@@ -125,20 +127,18 @@ func (s *Settings) complete() {
 	s.RecentLatencyWindow = recentWindow(*s, s.LatencyQuery)
 	s.ProbeInterval = 0
 	if s.Looks && s.RoundRobin && !s.DryRun && s.RecentLatencyWindow > 0 {
-		s.ProbeInterval = max(s.Params.ScrapeInterval/probesPerScrape, minProbeInterval)
+		s.ProbeInterval = policy.LookInterval(s.Params.ScrapeInterval)
 	}
 }
 
-// minProbeInterval bounds the looks' rate whatever scrape_interval says (a
-// typo of 15ms for 15s would otherwise send a query every 5ms).
-const minProbeInterval = time.Second
-
-// probesPerScrape: the look between cycles runs this many times per scrape
-// interval, so a scrape that shows a pod falling behind is seen within a
-// third of an interval (5 s at 15 s). Each look is one query of the
-// recent latency, and only while the weights are Learned under
-// ROUND_ROBIN.
-const probesPerScrape = 3
+// policyConfig is the settings as the optimizer's policy takes them.
+func (s Settings) policyConfig() policy.Config {
+	lb := weights.BalancerLeastRequest
+	if s.RoundRobin {
+		lb = weights.BalancerRoundRobin
+	}
+	return policy.Config{Cycle: s.Cycle, LookInterval: s.ProbeInterval, Balancer: lb, Engine: s.Params}
+}
 
 // settingsFor merges an optimizer's spec over the defaults. An invalid
 // combination (which CRD validation cannot catch) is reported and the
@@ -203,6 +203,12 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 		return d.settings(opt.Spec.DryRun, roundRobin), fmt.Errorf("spec.optimization is invalid, operator defaults are used instead: %s", strings.Join(problems, "; "))
 	}
 	return s, nil
+}
+
+// SettingsFor is settingsFor for callers outside the package (the
+// trace-replay test drives the weight loop with an optimizer's settings).
+func SettingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Settings, error) {
+	return settingsFor(opt, d)
 }
 
 // problems lists what makes the settings unusable.

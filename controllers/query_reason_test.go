@@ -54,7 +54,7 @@ func TestQueryErrorTextReachingStatusIsBounded(t *testing.T) {
 	garbage := &promsource.ServerError{StatusCode: 500, Message: strings.Repeat("\x00\xff\x1b[0m boom\n", 10000)}
 	loop := &WeightLoop{Source: failingSource{garbage}, Book: book, Clock: clk, Metrics: metrics.New(), Wake: make(chan event.GenericEvent, 1)}
 	s, _ := settingsFor(optimizerFor("ns", "web"), d)
-	loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, false)
+	loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
 	out := book.Outcome(key)
 	if out == nil || out.QueryErr == nil {
 		t.Fatalf("outcome %+v, want a query error", out)

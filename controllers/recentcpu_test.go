@@ -67,7 +67,7 @@ func recentCycle(t *testing.T, s Settings, src func() MetricsSource) (weights.Ob
 	book.Applied(key, s.Params, clk.Now(), []desired.Endpoint{{Pod: "web-0", Cores: 1, Weight: 1000}, {Pod: "web-1", Cores: 1, Weight: 1000}})
 	m := metrics.New()
 	loop := &WeightLoop{Source: src(), Book: book, Clock: clk, Metrics: m, Wake: make(chan event.GenericEvent, 1)}
-	loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, false)
+	loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
 
 	probe := &WeightLoop{Source: src(), Book: NewWeightBook(), Clock: clk, Metrics: metrics.New()}
 	obs, _, ok := probe.observe(context.Background(), logr.Discard(), key, target{"ns", "web"}, s, []string{"web-0", "web-1"}, clk.Now())

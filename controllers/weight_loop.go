@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/textutil"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
@@ -31,9 +30,10 @@ type MetricsSource interface {
 	Query(ctx context.Context, tmpl string, t promsource.Target, now time.Time) (promsource.Result, error)
 }
 
-// WeightLoop recomputes the weights of every optimizer on its own timer.
-// Each optimizer has its own goroutine, so a slow metrics backend for one
-// never delays another. A cycle never writes: it records the outcome in the
+// WeightLoop recomputes the weights of every optimizer when its policy
+// (internal/policy, kept in the book) says a cycle or a look is due, on the
+// injected clock. Each optimizer has its own goroutine, so a slow metrics
+// backend for one never delays another. A cycle never writes: it records the outcome in the
 // book and wakes the mirror, the only writer of Istio objects and status.
 type WeightLoop struct {
 	Source  MetricsSource
@@ -92,22 +92,15 @@ func (l *WeightLoop) Ensure(opt *optv1.IstioAdaptiveRequestOptimizer, s Settings
 	}
 	key := types.NamespacedName{Namespace: opt.Namespace, Name: opt.Name}
 	tgt := target{opt.TargetNamespace(), opt.Spec.ServiceName}
+	l.Book.Configure(key, l.Clock.Now(), s)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if w := l.workers[key]; w != nil {
 		w.mu.Lock()
-		// A new cycle restarts the wait; so does a new look interval
-		// (looks switched on or off), which await would otherwise only
-		// see after the next cycle.
-		changed := w.settings.Cycle != s.Cycle || w.settings.ProbeInterval != s.ProbeInterval
 		w.settings, w.target = s, tgt
 		w.mu.Unlock()
-		if changed {
-			select {
-			case w.update <- struct{}{}:
-			default:
-			}
-		}
+		// The policy may have a new cycle or look interval: ask it again.
+		w.poke()
 		return
 	}
 	w := &worker{cancel: func() {}, settings: s, target: tgt, update: make(chan struct{}, 1)}
@@ -135,21 +128,39 @@ func (l *WeightLoop) Stop(key types.NamespacedName) {
 	}
 }
 
+// run is one optimizer's worker: it does what the optimizer's policy has
+// due (policy.Policy.Next: a cycle, or a look between cycles) on the
+// injected clock, and waits for the next instant, a settings change or the
+// mirror's poke (the endpoints became known).
 func (l *WeightLoop) run(ctx context.Context, key types.NamespacedName, w *worker) {
 	logger := log.FromContext(ctx).WithValues("controller", weightControllerName, "optimizer", key)
-	// Different phases spread the optimizers' queries over the cycle.
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), hashKey(key.String())))
-	for {
-		s, _ := w.current()
-		wait := s.Cycle + time.Duration(rng.Float64()*0.1*float64(s.Cycle))
-		switch l.await(ctx, logger, key, w, l.Clock.Now().Add(wait)) {
-		case stopped:
-			return
-		case updated:
+	for ctx.Err() == nil {
+		s, tgt := w.current()
+		now := l.Clock.Now()
+		act, at := l.Book.Next(key, now)
+		if act != policy.Wait && !at.After(now) {
+			switch act {
+			case policy.Look:
+				l.probe(ctx, logger, key, tgt, s)
+			case policy.Cycle:
+				l.cycle(ctx, logger, key, tgt, s)
+			}
 			continue
 		}
-		s, tgt := w.current()
-		l.cycle(ctx, logger, key, tgt, s, false)
+		var fire <-chan time.Time
+		var timer clock.Timer
+		if act != policy.Wait {
+			timer = l.Clock.NewTimer(at.Sub(now))
+			fire = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+		case <-w.update:
+		case <-fire:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
 	}
 }
 
@@ -160,82 +171,54 @@ func (w *worker) current() (Settings, target) {
 	return w.settings, w.target
 }
 
-type awaited int
-
-const (
-	due     awaited = iota // the cycle is due
-	updated                // the settings' cycle or look interval changed
-	stopped                // the worker is stopping
-)
-
-// await waits until the cycle is due and, every Settings.ProbeInterval
-// meanwhile, looks at the recent latency (probe); when the engine's Alarm
-// rings it runs an early cycle at once. The regular cycle keeps its time,
-// and no look starts within one interval of it, so an alarm's cycle does
-// not run just before the regular one.
-func (l *WeightLoop) await(ctx context.Context, logger logr.Logger, key types.NamespacedName, w *worker, dueAt time.Time) awaited {
-	for {
-		s, _ := w.current()
-		wait := dueAt.Sub(l.Clock.Now())
-		if wait <= 0 {
-			return due
-		}
-		// A look leaves at least one interval before the cycle.
-		look := s.ProbeInterval > 0 && 2*s.ProbeInterval <= wait
-		if look {
-			wait = s.ProbeInterval
-		}
-		timer := l.Clock.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return stopped
-		case <-w.update:
-			timer.Stop()
-			return updated
-		case <-timer.C():
-		}
-		if !look {
-			return due
-		}
-		// The settings may have changed while waiting.
-		s, tgt := w.current()
-		if s.ProbeInterval > 0 && l.probe(ctx, logger, key, tgt, s) {
-			l.cycle(ctx, logger, key, tgt, s, true)
-		}
+// Poke makes the worker of an optimizer ask its policy again what is due:
+// the mirror calls it after applying endpoints, so the first cycle runs as
+// soon as they are known.
+func (l *WeightLoop) Poke(key types.NamespacedName) {
+	if !l.enabled() {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.workers[key]; w != nil {
+		w.poke()
 	}
 }
 
-// probe is the look between cycles: while the engine's Alarm can ring
-// (its last weights are Learned, so the Service runs ROUND_ROBIN on them,
-// and rest on fresh data), the latency query over the last two scrape
-// intervals, bounded by one look interval, judged by Alarm. It reports
-// whether to run an early cycle now. A failed look counts in
+func (w *worker) poke() {
+	select {
+	case w.update <- struct{}{}:
+	default:
+	}
+}
+
+// probe is the look between cycles, when the policy has one due (ROUND_ROBIN
+// is live on learned weights): the latency query over the last two scrape
+// intervals, bounded by one look interval, judged by the engine's Alarm.
+// It reports whether the alarm rang (the policy then has the cycle due at
+// once). A failed look counts in
 // optimizer_query_errors_total{signal="recent_latency"}; the next cycle
 // runs every query and says more.
 func (l *WeightLoop) probe(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings) bool {
-	pods := podNames(l.Book.Endpoints(key))
-	if len(pods) == 0 || !l.Book.Alarming(key) {
-		return false
-	}
 	now := l.Clock.Now()
-	qctx, cancel := context.WithTimeout(ctx, s.ProbeInterval)
-	defer cancel()
-	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods}
-	res := l.recentSignal(qctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
-	if ctx.Err() != nil || len(res.Values) == 0 {
-		// Stopped (the optimizer may be gone: no series written now), or
-		// nothing to judge.
-		return false
+	obs := weights.Observation{Time: now, Signals: map[string]weights.Signal{}}
+	if pods := podNames(l.Book.Endpoints(key)); len(pods) > 0 && s.ProbeInterval > 0 && l.Book.LookWanted(key) {
+		qctx, cancel := context.WithTimeout(ctx, s.ProbeInterval)
+		defer cancel()
+		qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods}
+		res := l.recentSignal(qctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
+		if ctx.Err() != nil {
+			// Stopped: the optimizer may be gone, no series written now.
+			return false
+		}
+		for pod, v := range res.Values {
+			obs.Signals[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: v}
+		}
 	}
-	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(res.Values))}
-	for pod, v := range res.Values {
-		obs.Signals[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: v}
-	}
-	pod, why, ring := l.Book.Alarm(key, obs)
+	alarm, ring := l.Book.Look(key, obs)
 	if ring {
 		l.Metrics.Alarms.WithLabelValues(tgt.namespace, tgt.service).Inc()
-		logger.Info("A pod fell behind between cycles; running the cycle now", "pod", pod, "why", why)
+		logger.Info("A pod fell behind between cycles; running the cycle now", "pod", alarm.Pod, "why", alarm.Why)
 	}
 	return ring
 }
@@ -249,9 +232,9 @@ func podNames(eps []desired.Endpoint) []string {
 	return pods
 }
 
-// cycle runs one optimization: query, compute, record, wake the mirror.
-// early: an alarm runs it between the regular cycles (see await).
-func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings, early bool) {
+// cycle runs one optimization: query, compute (the policy's cycle), record,
+// wake the mirror.
+func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings) {
 	pods := podNames(l.Book.Endpoints(key))
 	if len(pods) == 0 {
 		return
@@ -260,8 +243,7 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 	if !ok {
 		return
 	}
-	obs.Early = early
-	out, eps, ok := l.Book.Update(key, s.Params, obs, s.DryRun)
+	out, eps, ok := l.Book.Cycle(key, obs, s.DryRun)
 	if !ok {
 		return
 	}
@@ -273,7 +255,7 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 	out.Signals = l.Book.noteSignals(key, avail)
 	l.publish(tgt, eps, obs, out)
 	if out.Result.Changed {
-		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "early", early, "message", out.Result.Message)
+		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "early", out.Early, "message", out.Result.Message)
 	}
 	select {
 	case l.Wake <- event.GenericEvent{Object: wakeObject(key)}:
@@ -479,12 +461,6 @@ func queryErrorReason(err error) string {
 		return "template"
 	}
 	return "other"
-}
-
-func hashKey(s string) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(s))
-	return h.Sum64()
 }
 
 func wakeObject(key types.NamespacedName) *optv1.IstioAdaptiveRequestOptimizer {

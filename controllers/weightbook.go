@@ -7,23 +7,26 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
 
 // WeightBook is the in-memory record, per optimizer, shared by the mirror
-// (which writes the ServiceEntry) and the weight loop (which computes
-// weights). Each optimizer has its own weight engine here. The engine is
-// seeded with the live weights the first time the mirror sees the
-// optimizer, so a restart of the manager loses nothing learned that was
-// applied.
+// (which writes the ServiceEntry and DestinationRule) and the weight loop
+// (which runs the cycles and looks). Each optimizer has its own policy here
+// (internal/policy, with its weight engine), which decides when the loop
+// queries and what the DestinationRule says; the book only locks it and
+// turns endpoints into its pods. The policy is seeded (policy.OptIn) the
+// first time the mirror sees the optimizer's endpoints: with the live
+// weights and the persisted snapshot after a restart, so a restart of the
+// manager loses nothing learned that was applied.
 type WeightBook struct {
 	mu      sync.Mutex
 	entries map[types.NamespacedName]*bookEntry
 }
 
 type bookEntry struct {
-	engine *weights.Engine
-	seeded bool
+	policy *policy.Policy
 	// endpoints is the set the mirror applied last, with its weights.
 	endpoints []desired.Endpoint
 	// readySince is when the mirror first saw each pod, for slow start.
@@ -34,6 +37,9 @@ type bookEntry struct {
 	// optimizer), given to the engine when it is seeded; persisted is the
 	// snapshot last written there (see learned_state.go).
 	restore, persisted weights.Snapshot
+	// liveBalancer is the live DestinationRule's load balancer ("" when
+	// none) until the policy is seeded.
+	liveBalancer weights.Balancer
 }
 
 // Outcome is the result of the last weight cycle, for status and metrics.
@@ -44,6 +50,11 @@ type Outcome struct {
 	QueryErr error
 	// Signals says which signals the cycle had data for.
 	Signals Signals
+	// Balancer is the load balancer the policy chose at this cycle, and Why.
+	Balancer weights.Balancer
+	Why      policy.Reason
+	// Early: an alarm at a look ran the cycle before its time.
+	Early bool
 }
 
 // NewWeightBook returns an empty book.
@@ -51,33 +62,41 @@ func NewWeightBook() *WeightBook {
 	return &WeightBook{entries: map[types.NamespacedName]*bookEntry{}}
 }
 
+// entry returns the optimizer's entry, new with engine parameters p (its
+// cycle is set by Configure). The jitter of its cycles is drawn from its
+// namespace/name (policy.JitterSeed).
 func (b *WeightBook) entry(key types.NamespacedName, p weights.Params) *bookEntry {
 	e := b.entries[key]
 	if e == nil {
-		e = &bookEntry{engine: weights.New(p), readySince: map[string]time.Time{}}
+		cfg := policy.Config{Engine: p, Balancer: weights.BalancerRoundRobin, Jitter: policy.NewJitter(policy.JitterSeed(key.String()))}
+		e = &bookEntry{policy: policy.New(cfg), readySince: map[string]time.Time{}}
 		b.entries[key] = e
 	}
 	return e
 }
 
-// seed gives the engine the weights that are live when the book first meets
-// an optimizer; every pod there counts as long-ready.
+// Configure gives the optimizer's policy its settings at now.
+func (b *WeightBook) Configure(key types.NamespacedName, now time.Time, s Settings) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.entry(key, s.Params).policy.Configure(now, s.policyConfig())
+}
+
+// seed opts the policy in with the weights that are live when the book
+// first meets an optimizer's endpoints (none at a first opt-in); every pod
+// there counts as long-ready.
 func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uint32) {
-	if e.seeded {
+	if e.policy.OptedIn() {
 		return
 	}
 	for _, ep := range eps {
 		e.readySince[ep.Pod] = time.Time{}
 	}
-	if e.restore.Valid() && len(w) > 0 {
+	if e.policy.OptIn(now, e.pods(now, eps), w, e.liveBalancer, e.restore) && e.restore.Valid() && len(w) > 0 {
 		// An engine ran before this one and its weights are live: they
-		// are settled estimates, not first guesses.
-		e.engine.SeedSettled(now, w, e.restore)
+		// are settled estimates, and its snapshot is the one persisted.
 		e.persisted = e.restore
-	} else {
-		e.engine.Seed(now, w)
 	}
-	e.seeded = true
 }
 
 // WeightsFor returns, by pod, the weights the mirror should write for eps.
@@ -104,7 +123,7 @@ func (b *WeightBook) WeightsFor(key types.NamespacedName, p weights.Params, now 
 		}
 	}
 	e.seed(now, eps, seed)
-	return e.engine.Weights(now, e.pods(now, eps))
+	return e.policy.Weights(now, e.pods(now, eps))
 }
 
 func byPod(eps []desired.Endpoint) map[string]uint32 {
@@ -139,8 +158,9 @@ func (b *WeightBook) Applied(key types.NamespacedName, p weights.Params, now tim
 	defer b.mu.Unlock()
 	e := b.entry(key, p)
 	w := byPod(eps)
-	if e.seeded {
-		e.engine.Applied(now, w)
+	if e.policy.OptedIn() {
+		e.policy.SetPods(e.pods(now, eps))
+		e.policy.Applied(now, w)
 	} else {
 		e.seed(now, eps, w)
 	}
@@ -148,45 +168,66 @@ func (b *WeightBook) Applied(key types.NamespacedName, p weights.Params, now tim
 	e.endpoints = append([]desired.Endpoint(nil), eps...)
 }
 
-// Update runs one engine cycle over the last applied endpoint set and
-// records the outcome. It returns false when no endpoint set is known yet.
-func (b *WeightBook) Update(key types.NamespacedName, p weights.Params, obs weights.Observation, dryRun bool) (Outcome, []desired.Endpoint, bool) {
+// Next is what the optimizer's policy has due next and when (policy.Wait
+// before its endpoints are known).
+func (b *WeightBook) Next(key types.NamespacedName, now time.Time) (policy.Action, time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[key]
+	if e == nil || len(e.endpoints) == 0 {
+		return policy.Wait, time.Time{}
+	}
+	return e.policy.Next(now)
+}
+
+// Cycle runs one cycle of the policy over the last applied endpoint set
+// and records the outcome. It returns false when no endpoint set is known
+// yet.
+func (b *WeightBook) Cycle(key types.NamespacedName, obs weights.Observation, dryRun bool) (Outcome, []desired.Endpoint, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.entries[key]
 	if e == nil || len(e.endpoints) == 0 {
 		return Outcome{}, nil, false
 	}
-	e.engine.SetParams(p)
-	res := e.engine.Update(e.pods(obs.Time, e.endpoints), obs)
-	out := Outcome{Time: obs.Time, Result: res, DryRun: dryRun, QueryErr: obs.Err}
+	d := e.policy.Cycle(obs.Time, obs, e.pods(obs.Time, e.endpoints))
+	out := Outcome{Time: obs.Time, Result: d.Result, DryRun: dryRun, QueryErr: obs.Err, Balancer: d.Balancer, Why: d.Why, Early: d.Early}
 	e.outcome = &out
 	return out, e.endpoints, true
 }
 
-// Alarming reports whether the engine's Alarm can ring at all
-// (weights.Engine.Alarming), so that a look is worth a query.
-func (b *WeightBook) Alarming(key types.NamespacedName) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	e := b.entries[key]
-	return e != nil && len(e.endpoints) > 0 && e.engine.Alarming()
-}
-
-// Alarm asks the engine whether the recent signals in obs show a pod that
-// fell behind since the last cycle (weights.Engine.Alarm).
-func (b *WeightBook) Alarm(key types.NamespacedName, obs weights.Observation) (pod, why string, ring bool) {
+// Look hands the policy a look's answer (the recent latencies): whether
+// its alarm rang, for which pod and why.
+func (b *WeightBook) Look(key types.NamespacedName, obs weights.Observation) (policy.Alarm, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.entries[key]
 	if e == nil || len(e.endpoints) == 0 {
+		return policy.Alarm{}, false
+	}
+	return e.policy.Look(obs.Time, obs)
+}
+
+// LookWanted reports whether the optimizer's policy wants a look between
+// cycles now (ROUND_ROBIN live on learned weights, looks on).
+func (b *WeightBook) LookWanted(key types.NamespacedName) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[key]
+	return e != nil && len(e.endpoints) > 0 && e.policy.LookWanted()
+}
+
+// Balancer is the load balancer the optimizer's policy says the
+// DestinationRule should have; ok false before the policy is seeded.
+func (b *WeightBook) Balancer(key types.NamespacedName) (lb weights.Balancer, why policy.Reason, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[key]
+	if e == nil || !e.policy.OptedIn() {
 		return "", "", false
 	}
-	pods := make([]weights.Pod, 0, len(e.endpoints))
-	for _, ep := range e.endpoints {
-		pods = append(pods, weights.Pod{Name: ep.Pod})
-	}
-	return e.engine.Alarm(pods, obs)
+	lb, why = e.policy.Balancer()
+	return lb, why, true
 }
 
 // Outcome returns the last weight cycle's outcome, if any.
@@ -217,14 +258,14 @@ func (b *WeightBook) Forget(key types.NamespacedName) {
 	delete(b.entries, key)
 }
 
-// Restore hands the book what an earlier manager learned about an
-// optimizer, for its engine's seed. It has no effect once the engine is
-// seeded.
-func (b *WeightBook) Restore(key types.NamespacedName, p weights.Params, s weights.Snapshot) {
+// Restore hands the book what an earlier manager left of an optimizer,
+// for its policy's seed: the learned snapshot and the live DestinationRule's
+// load balancer ("" when none). It has no effect once the policy is seeded.
+func (b *WeightBook) Restore(key types.NamespacedName, p weights.Params, s weights.Snapshot, liveBalancer weights.Balancer) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if e := b.entry(key, p); !e.seeded {
-		e.restore = s
+	if e := b.entry(key, p); !e.policy.OptedIn() {
+		e.restore, e.liveBalancer = s, liveBalancer
 	}
 }
 
@@ -234,10 +275,10 @@ func (b *WeightBook) SnapshotToPersist(key types.NamespacedName) (weights.Snapsh
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.entries[key]
-	if e == nil || !e.seeded {
+	if e == nil || !e.policy.OptedIn() {
 		return weights.Snapshot{}, false
 	}
-	s := e.engine.Snapshot()
+	s := e.policy.Snapshot()
 	if !s.Valid() || s.Similar(e.persisted) {
 		return weights.Snapshot{}, false
 	}

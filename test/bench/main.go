@@ -35,6 +35,7 @@ func main() {
 		parallel     = flag.Int("parallel", runtime.GOMAXPROCS(0), "simulations run at once")
 		cpuProfile   = flag.String("cpuprofile", "", "write a CPU profile to this file")
 		trace        = flag.String("trace", "", "print every cycle of this optimizer strategy (weights, signals, engine message) to stderr")
+		record       = flag.String("record-trace", "", "[policy] write the signal trace the optimizer strategy was answered with to this file (test/replay)")
 		targets      = flag.String("targets", "", "measure the quality targets on the scenarios in this directory (see --seeds) and print them")
 		guardedOnly  = flag.Bool("guarded-only", false, "with --targets: skip the targets known to miss (as TestIssueTargets does)")
 		seeds        = flag.String("seeds", "0", "with --targets: comma-separated seeds or ranges (1-8); 0 = each file's own seed")
@@ -47,6 +48,7 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	recordTrace = *record
 	if *speedTilt >= 0 || *drainTime >= 0 || *minLatency != "" {
 		benchParams = func(p *weights.Params) {
 			if *speedTilt >= 0 {

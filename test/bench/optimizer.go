@@ -5,42 +5,80 @@ import (
 	"math"
 	"time"
 
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
+	"github.com/liorfranko/istio-adaptive-least-request/test/bench/driver"
 )
 
-// optimizerCtl drives the project's weight package exactly as the operator
-// does: one Observation per cycle built from the simulated Prometheus
-// (rate of the per-pod CPU-seconds and served-requests counters over the
-// rate window), publication to every client when the engine says Changed,
-// Applied after each publication, Weights when the pod set changes.
-// cpuOnly sends Requests = NaN and Latency = NaN (no Istio metrics).
-// Latency is what the operator's default query returns: rate of the
-// sidecar's latency histogram _sum over rate of its _count, both over the
-// rate window. With lrUntilLearned (the operator's default load_balancer,
-// ROUND_ROBIN) the clients use LEAST_REQUEST until the engine reports
-// Learned, and weighted ROUND_ROBIN while it does.
+// optimizerCtl is the operator in the simulation: a thin adapter between
+// the simulated Prometheus and the operator's policy (internal/policy,
+// through test/bench/driver, which drives it as controllers/ does). The
+// policy decides when cycles and looks run (sim.go asks it through
+// scheduler), what is written and which load balancer the clients run; the
+// adapter only turns the simulated scrapes into the answers of the
+// operator's queries and publishes the weights and the balancer.
+// cpuOnly: no Istio metrics (the request and latency queries find nothing).
 type optimizerCtl struct {
-	cpuOnly        bool
-	lrUntilLearned bool
-	learnedAt      float64
-	eng            *weights.Engine
+	cpuOnly   bool
+	learnedAt float64
+	drv       *driver.Driver
+	cfg       policy.Config
+	// name is the optimizer's namespace/name, from which its jitter is
+	// drawn as in the operator (policy.JitterSeed).
+	name string
+	// rec records the answers to write to recordTrace (nil: none).
+	rec *driver.Trace
+	// idle: the policy has nothing due until the pod set changes.
+	idle bool
 }
+
+// recordTrace, when set (--record-trace), is where the "optimizer"
+// strategy writes the signal trace it was answered with (driver.Trace).
+var recordTrace string
 
 // simEpoch is simulated time zero.
 var simEpoch = time.Unix(0, 0).UTC()
 
 func simTime(t float64) time.Time { return simEpoch.Add(time.Duration(t * float64(time.Second))) }
 
-// newOptimizerCtl builds the engine with DefaultParams, told the scenario's
+func simSeconds(t time.Time) float64 { return t.Sub(simEpoch).Seconds() }
+
+// newOptimizerCtl builds the policy with DefaultParams, told the scenario's
 // rate window and scrape interval as the operator's configuration would.
-func newOptimizerCtl(sc *Scenario, cpuOnly, lrUntilLearned bool) controller {
+// roundRobin is the user's load_balancer ROUND_ROBIN (the default; under it
+// the operator looks between cycles), else LEAST_REQUEST.
+func newOptimizerCtl(sc *Scenario, cpuOnly, roundRobin bool) controller {
 	p := weights.DefaultParams()
 	p.QueryWindow = sc.Prometheus.RateWindow.Duration
 	p.ScrapeInterval = sc.Prometheus.ScrapeInterval.Duration
 	if benchParams != nil {
 		benchParams(&p)
 	}
-	return &optimizerCtl{cpuOnly: cpuOnly, lrUntilLearned: lrUntilLearned, learnedAt: -1, eng: weights.New(p)}
+	name := fmt.Sprintf("bench/%s-%d", sc.Name, sc.Seed)
+	cfg := policy.Config{Cycle: sc.Cycle.Duration, Engine: p, Balancer: weights.BalancerLeastRequest,
+		Jitter: policy.NewJitter(policy.JitterSeed(name))}
+	if roundRobin {
+		cfg.Balancer = weights.BalancerRoundRobin
+		if !cpuOnly {
+			// The operator looks only when its recent latency query runs.
+			cfg.LookInterval = policy.LookInterval(p.ScrapeInterval)
+		}
+	}
+	o := &optimizerCtl{cpuOnly: cpuOnly, learnedAt: -1, drv: driver.New(cfg), cfg: cfg, name: name}
+	if recordTrace != "" && !cpuOnly && roundRobin {
+		o.rec = &driver.Trace{Optimizer: name, Cycle: driver.Duration{Duration: cfg.Cycle}, QueryWindow: driver.Duration{Duration: p.QueryWindow},
+			ScrapeInterval: driver.Duration{Duration: p.ScrapeInterval}, Balancer: cfg.Balancer}
+	}
+	return o
+}
+
+// source is what the operator's queries are answered from.
+func (o *optimizerCtl) source(s *sim) driver.Source {
+	src := driver.Source(simSource{s: s, cpuOnly: o.cpuOnly})
+	if o.rec != nil {
+		src = driver.Recorder{Src: src, Trace: o.rec}
+	}
+	return src
 }
 
 // benchParams, when set (sensitivity runs), adjusts the engine's parameters.
@@ -63,33 +101,145 @@ func (o *optimizerCtl) pods(s *sim) []weights.Pod {
 	return out
 }
 
+// publish sends written weights (nil: none) to every client and the
+// policy's load balancer.
 func (o *optimizerCtl) publish(s *sim, m map[string]uint32) {
-	w := make([]float64, s.P)
-	copy(w, s.weights)
-	for _, h := range s.hosts {
-		v, ok := m[s.pods[h].name]
-		switch {
-		case !ok:
-			s.note(fmt.Sprintf("t=%.0fs: no weight for pod %s", s.now, s.pods[h].name))
-		case v == 0:
-			s.note(fmt.Sprintf("t=%.0fs: weight 0 for pod %s", s.now, s.pods[h].name))
-			w[h] = 1
-		default:
-			w[h] = float64(v)
+	if m != nil {
+		w := make([]float64, s.P)
+		copy(w, s.weights)
+		for _, h := range s.hosts {
+			v, ok := m[s.pods[h].name]
+			switch {
+			case !ok:
+				s.note(fmt.Sprintf("t=%.0fs: no weight for pod %s", s.now, s.pods[h].name))
+			case v == 0:
+				s.note(fmt.Sprintf("t=%.0fs: weight 0 for pod %s", s.now, s.pods[h].name))
+				w[h] = 1
+			default:
+				w[h] = float64(v)
+			}
+		}
+		s.publish(w)
+	}
+	if lb, _ := o.drv.P.Balancer(); lb == weights.BalancerRoundRobin {
+		s.setLB(lbWRR)
+	} else {
+		s.setLB(lbWLR)
+	}
+}
+
+// start is the opt-in: the mirror's first reconcile, with no ServiceEntry
+// or DestinationRule of the operator's yet.
+func (o *optimizerCtl) start(s *sim) {
+	o.publish(s, o.drv.OptIn(simTime(s.now), o.pods(s), nil, "", weights.Snapshot{}))
+	if o.rec != nil {
+		o.rec.OptIn, o.rec.End = simTime(s.now).UnixNano(), simTime(s.end).UnixNano()
+		o.rec.Pods = o.pods(s)
+	}
+}
+
+// next is when the policy's next action is due (seconds; +Inf: none, until
+// the pod set changes).
+func (o *optimizerCtl) next(s *sim) float64 {
+	act, at := o.drv.Next(simTime(s.now))
+	o.idle = act == policy.Wait
+	if o.idle {
+		return math.Inf(1)
+	}
+	return max(simSeconds(at), s.now)
+}
+
+// wake runs the policy's action due now and returns when the next is due.
+func (o *optimizerCtl) wake(s *sim) float64 {
+	now := simTime(s.now)
+	act, at := o.drv.Next(now)
+	if act == policy.Wait || at.Sub(now) > time.Microsecond {
+		return o.next(s)
+	}
+	if at.After(now) {
+		// The simulated clock is in float seconds: the policy's own
+		// instant, a rounding away, is the one it acts at.
+		now = at
+	}
+	st := o.drv.Run(now, act, o.source(s))
+	switch {
+	case act == policy.Look:
+		if st.Alarm != nil && s.trace != nil {
+			fmt.Fprintf(s.trace, "%s t=%5.0fs alarm: %s: %s\n", s.def.name, s.now, st.Alarm.Pod, st.Alarm.Why)
+		}
+	case st.Decision.Early:
+		// Not a regular cycle: cycleIdx (convergence, reported in
+		// cycles of the scenario's length) does not count it.
+		s.alarms++
+	default:
+		s.cycleIdx++
+	}
+	if act == policy.Cycle {
+		o.traced(s, st)
+		res := st.Decision.Result
+		s.modes[string(res.Mode)]++
+		if res.Learned && o.learnedAt < 0 {
+			o.learnedAt = s.now
 		}
 	}
-	s.publish(w)
-	o.eng.Applied(simTime(s.now), m)
+	o.publish(s, st.Written)
+	next := o.next(s)
+	if o.rec != nil && next > s.end {
+		if err := o.rec.Write(recordTrace); err != nil {
+			s.note(fmt.Sprintf("record trace: %v", err))
+		}
+	}
+	return next
 }
 
-func (o *optimizerCtl) start(s *sim) {
-	o.publish(s, o.eng.Weights(simTime(s.now), o.pods(s)))
+func (o *optimizerCtl) traced(s *sim, st driver.Step) {
+	if s.trace == nil {
+		return
+	}
+	res := st.Decision.Result
+	fmt.Fprintf(s.trace, "%s t=%5.0fs %-10s changed=%-5v learned=%-5v lb=%s (%s) %s\n", s.def.name, s.now, res.Mode, res.Changed, res.Learned,
+		st.Balancer, st.Decision.Why, res.Message)
+	for _, h := range s.hosts {
+		p := &s.pods[h]
+		fmt.Fprintf(s.trace, "    %-12s speed=%.3f cores=%d queue=%d capacity=%.3f weight=%d\n",
+			p.name, p.speed, p.cores, p.qlen(), res.Capacity[p.name], res.Weights[p.name])
+	}
 }
 
-// observe is what the operator's queries return now: one Signal per pod
-// with data.
-func (o *optimizerCtl) observe(s *sim) weights.Observation {
-	obs := weights.Observation{Time: simTime(s.now), Signals: map[string]weights.Signal{}}
+// cycle is not called for a policy-driven controller (sim.go schedules it
+// through scheduler); it runs a cycle now, for completeness.
+func (o *optimizerCtl) cycle(s *sim) {
+	st := o.drv.Run(simTime(s.now), policy.Cycle, simSource{s: s, cpuOnly: o.cpuOnly})
+	o.publish(s, st.Written)
+}
+
+func (o *optimizerCtl) podsChanged(s *sim) {
+	o.publish(s, o.drv.PodsChanged(simTime(s.now), o.pods(s)))
+	if o.idle {
+		// The policy waited for pods: ask it again.
+		if next := o.next(s); next <= s.end {
+			s.push(event{t: next, kind: evPolicy})
+		}
+	}
+}
+
+func (o *optimizerCtl) speedChanged(*sim, int32) {}
+
+// simSource answers the operator's queries from the simulated Prometheus.
+type simSource struct {
+	s       *sim
+	cpuOnly bool
+}
+
+var _ driver.Source = simSource{}
+
+// Cycle: rate of the per-pod CPU-seconds and served-requests counters over
+// the rate window, the latency histogram's mean, the node's CPU, and the
+// CPU and latency over two scrape intervals; pods without a CPU sample
+// are left out (no data).
+func (q simSource) Cycle(_ time.Time, _ []weights.Pod) map[string]weights.Signal {
+	s := q.s
+	out := map[string]weights.Signal{}
 	for _, h := range s.hosts {
 		cpu, ok := s.promRate(h, seriesCPU)
 		if !ok {
@@ -99,85 +249,31 @@ func (o *optimizerCtl) observe(s *sim) weights.Observation {
 		if s.sc.nodeCPU() {
 			node, _ = s.promRate(h, seriesNode)
 		}
-		// The operator's recent CPU: rate() over two scrape intervals.
 		recent, _ := s.promRateOver(h, seriesCPU, 2*s.scrapeEvery)
 		req, lat, recentLat := math.NaN(), math.NaN(), math.NaN()
-		if !o.cpuOnly {
+		if !q.cpuOnly {
 			req, _ = s.promRate(h, seriesReqs)
 			lat = s.promLatency(h, s.rateWindow)
 			recentLat = s.promLatency(h, 2*s.scrapeEvery)
 		}
-		obs.Signals[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent, RecentLatency: recentLat}
+		out[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent, RecentLatency: recentLat}
 	}
-	return obs
+	return out
 }
 
-// probes: the operator looks between cycles only under ROUND_ROBIN (its
-// default load_balancer), where nothing else steers around a queue.
-func (o *optimizerCtl) probes() bool { return o.lrUntilLearned }
-
-// probe is the operator's look between cycles: the latency query over the
-// last two scrape intervals, judged by Engine.Alarm. It reports whether to
-// run an early cycle now. Under LEAST_REQUEST (not Learned) Alarm stays
-// silent, and with CPU alone (optimizer_cpu) the query finds nothing.
-func (o *optimizerCtl) probe(s *sim) bool {
-	if !o.eng.Alarming() {
-		return false // the operator does not query then
-	}
-	obs := weights.Observation{Time: simTime(s.now), Signals: map[string]weights.Signal{}}
+// Look: the latency query over the last two scrape intervals.
+func (q simSource) Look(_ time.Time, _ []weights.Pod) map[string]weights.Signal {
+	s := q.s
+	out := map[string]weights.Signal{}
 	for _, h := range s.hosts {
 		lat := math.NaN()
-		if !o.cpuOnly {
+		if !q.cpuOnly {
 			lat = s.promLatency(h, 2*s.scrapeEvery)
 		}
-		obs.Signals[s.pods[h].name] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: lat}
+		out[s.pods[h].name] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: lat}
 	}
-	pod, why, ring := o.eng.Alarm(o.pods(s), obs)
-	if ring && s.trace != nil {
-		fmt.Fprintf(s.trace, "%s t=%5.0fs alarm: %s: %s\n", s.def.name, s.now, pod, why)
-	}
-	return ring
+	return out
 }
-
-func (o *optimizerCtl) cycle(s *sim) { o.run(s, false) }
-
-// earlyCycle is the cycle an alarm runs between the regular ones.
-func (o *optimizerCtl) earlyCycle(s *sim) { o.run(s, true) }
-
-func (o *optimizerCtl) run(s *sim, early bool) {
-	obs := o.observe(s)
-	obs.Early = early
-	res := o.eng.Update(o.pods(s), obs)
-	s.modes[string(res.Mode)]++
-	if res.Learned && o.learnedAt < 0 {
-		o.learnedAt = s.now
-	}
-	if s.trace != nil {
-		fmt.Fprintf(s.trace, "%s t=%5.0fs %-10s changed=%-5v learned=%-5v %s\n", s.def.name, s.now, res.Mode, res.Changed, res.Learned, res.Message)
-		for _, h := range s.hosts {
-			p := &s.pods[h]
-			sig := obs.Signals[p.name]
-			fmt.Fprintf(s.trace, "    %-12s speed=%.3f cores=%d cpu=%.3f req/s=%7.2f lat=%7.1fms queue=%d capacity=%.3f weight=%d\n",
-				p.name, p.speed, p.cores, sig.CPU, sig.Requests, sig.Latency*1e3, p.qlen(), res.Capacity[p.name], res.Weights[p.name])
-		}
-	}
-	if res.Changed {
-		o.publish(s, res.Weights)
-	}
-	if o.lrUntilLearned {
-		if res.Learned {
-			s.setLB(lbWRR)
-		} else {
-			s.setLB(lbWLR)
-		}
-	}
-}
-
-func (o *optimizerCtl) podsChanged(s *sim) {
-	o.publish(s, o.eng.Weights(simTime(s.now), o.pods(s)))
-}
-
-func (o *optimizerCtl) speedChanged(*sim, int32) {}
 
 // promLatency is the operator's latency query over window (the rate
 // window in a cycle, two scrape intervals for the recent latency): rate of
@@ -189,4 +285,9 @@ func (s *sim) promLatency(h int32, window float64) float64 {
 		return math.NaN()
 	}
 	return sum / req
+}
+
+// observe is what a cycle's queries return now.
+func (o *optimizerCtl) observe(s *sim) weights.Observation {
+	return weights.Observation{Time: simTime(s.now), Signals: simSource{s: s, cpuOnly: o.cpuOnly}.Cycle(simTime(s.now), o.pods(s))}
 }

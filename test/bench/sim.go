@@ -88,6 +88,9 @@ const (
 	evWarmup
 	evOptIn // the optimizer is applied (Scenario.OptIn)
 	evProbe // the optimizer looks at the recent signals between cycles
+	// evPolicy: the operator's policy has an action due ([policy]: see
+	// scheduler).
+	evPolicy
 	evEnd
 )
 
@@ -223,6 +226,15 @@ type prober interface {
 	probes() bool
 	probe(s *sim) bool
 	earlyCycle(s *sim)
+}
+
+// scheduler is a controller whose own policy decides when its cycles and
+// looks run (the optimizer strategies: internal/policy, as the operator
+// runs it). [policy] start is the opt-in; wake runs what is due now; both
+// report when the next action is due (+Inf: none).
+type scheduler interface {
+	next(s *sim) float64
+	wake(s *sim) float64
 }
 
 type sim struct {
@@ -489,7 +501,12 @@ func (s *sim) run() StrategyResult {
 	for _, h := range s.hosts {
 		s.podTimers(h, 0)
 	}
-	if s.optIn > 0 {
+	sched, policyDriven := s.ctl.(scheduler)
+	if policyDriven {
+		// [policy] Opt-in (at 0 without Scenario.OptIn): the policy
+		// decides every instant from there (evPolicy).
+		s.push(event{t: s.optIn, kind: evOptIn})
+	} else if s.optIn > 0 {
 		// Opt-in: the operator starts and runs its first cycle at once.
 		s.push(event{t: s.optIn, kind: evOptIn})
 		for k := 1; s.optIn+float64(k)*s.cycleLen <= s.end; k++ {
@@ -517,7 +534,7 @@ func (s *sim) run() StrategyResult {
 	}
 	s.push(event{t: s.warmup, kind: evWarmup})
 	s.push(event{t: s.end, kind: evEnd})
-	if s.ctl != nil && s.optIn == 0 {
+	if s.ctl != nil && s.optIn == 0 && !policyDriven {
 		s.ctl.start(s)
 	}
 	s.measureConvergence()
@@ -557,7 +574,18 @@ func (s *sim) run() StrategyResult {
 			}
 		case evOptIn:
 			s.ctl.start(s)
-			s.ctl.cycle(s)
+			if policyDriven {
+				if next := sched.next(s); next <= s.end {
+					s.push(event{t: next, kind: evPolicy})
+				}
+			} else {
+				s.ctl.cycle(s)
+			}
+			s.measureConvergence()
+		case evPolicy:
+			if next := sched.wake(s); next <= s.end {
+				s.push(event{t: next, kind: evPolicy})
+			}
 			s.measureConvergence()
 		case evWarmup:
 			for _, h := range s.hosts {

@@ -1,0 +1,474 @@
+// Package policy decides when the weight engine runs and what the
+// DestinationRule says, for one optimized Service. It is pure and driven by
+// the clock value its caller passes in: no goroutines, no I/O, no clock of
+// its own. The operator (controllers/, on a real clock and a Prometheus
+// source) and the benchmark (test/bench, on a simulated clock and
+// Prometheus) both drive the same Policy, so the benchmark measures what
+// ships.
+//
+// It owns:
+//
+//   - Timing. The first cycle runs as soon as the endpoints are known at
+//     opt-in (OptIn), on the query window from before it; then one cycle
+//     every Config.Cycle plus a jitter of up to a tenth of it, counted from
+//     the last cycle of either kind. Between cycles, while a look is wanted
+//     (ROUND_ROBIN is live on learned weights, so nothing steers around a
+//     queue), a look at the recent latency every Config.LookInterval; an
+//     alarm at a look (weights.Engine.Alarm) makes the next cycle due at
+//     once. No look starts within one look interval of the regular cycle.
+//   - Seeding. At a first opt-in the pods carried equal traffic under
+//     Istio's default LEAST_REQUEST, and the engine is told so over the
+//     whole query window (no empty history). After a restart the live
+//     weights, with the persisted weights.Snapshot, are settled estimates.
+//   - The load balancer. LEAST_REQUEST until the engine's results have been
+//     Learned for a whole query window, then the user's choice. A later result that is not Learned
+//     (an alarm, a drained pod, a pod without data) starts a spell of
+//     LEAST_REQUEST, as do weights fallen back to equal; it ends when the
+//     results have been Learned for a whole query window, so one result at
+//     the edge of the engine's confidence does not switch the mesh back and
+//     forth. The engine is told which balancer was live over each query
+//     window (weights.Observation.Balancer).
+package policy
+
+import (
+	"hash/fnv"
+	"math/rand/v2"
+	"time"
+
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
+)
+
+// Action is what is due next.
+type Action int
+
+const (
+	// Wait: nothing is due until the caller changes something (OptIn, a
+	// pod set).
+	Wait Action = iota
+	// Cycle: run the queries and Policy.Cycle.
+	Cycle
+	// Look: query the recent latency and Policy.Look.
+	Look
+)
+
+func (a Action) String() string {
+	switch a {
+	case Cycle:
+		return "Cycle"
+	case Look:
+		return "Look"
+	}
+	return "Wait"
+}
+
+// Config is one optimizer's configuration as the user and the operator set
+// it; none of it is tuned here.
+type Config struct {
+	// Cycle is the period of the regular cycles.
+	Cycle time.Duration
+	// LookInterval is the period of the looks between cycles (see
+	// LookInterval); 0 = no looks.
+	LookInterval time.Duration
+	// Balancer is the user's load balancer (spec.load_balancer).
+	Balancer weights.Balancer
+	// Engine is the engine's parameters.
+	Engine weights.Params
+	// Jitter draws the jitter of each regular cycle, uniform in [0, 1); it
+	// spreads many optimizers' queries over the cycle. Deterministic for a
+	// given source (see NewJitter); nil = no jitter.
+	Jitter func() float64
+}
+
+// jitterShare is the largest jitter as a share of the cycle: enough to
+// spread the queries of optimizers created together over a tenth of the
+// cycle, small enough to keep the cycle's length what the user set.
+const jitterShare = 0.1
+
+// looksPerScrape: a look runs this many times per scrape interval, so a
+// scrape that shows a pod falling behind is seen within a third of an
+// interval (5 s at 15 s). Each look is one query of the recent latency.
+const looksPerScrape = 3
+
+// minLookInterval bounds the looks' rate whatever scrape interval is set (a
+// typo of 15ms for 15s would otherwise send a query every 5ms).
+const minLookInterval = time.Second
+
+// LookInterval is the look period for a scrape interval: a third of it, at
+// least a second; 0 for an unknown scrape interval.
+func LookInterval(scrape time.Duration) time.Duration {
+	if scrape <= 0 {
+		return 0
+	}
+	return max(scrape/looksPerScrape, minLookInterval)
+}
+
+// JitterSeed is the seed of an optimizer's jitter, from its namespace/name:
+// optimizers spread their cycles over the cycle, and one optimizer's
+// instants do not depend on when its manager started.
+func JitterSeed(name string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return h.Sum64()
+}
+
+// NewJitter returns a deterministic jitter source for seed (PCG).
+func NewJitter(seed uint64) func() float64 {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	return r.Float64
+}
+
+// Reason says why the DestinationRule has its load balancer.
+type Reason string
+
+const (
+	// ReasonUserChoice: the user asked for LEAST_REQUEST.
+	ReasonUserChoice Reason = "UserChoice"
+	// ReasonLearning: LEAST_REQUEST (Istio's default) until the weights
+	// have rested on measured capacity for a query window.
+	ReasonLearning Reason = "Learning"
+	// ReasonLearned: the weights were learned; the user's choice.
+	ReasonLearned Reason = "Learned"
+	// ReasonRestored: kept as the live DestinationRule had it, until this
+	// manager's first cycle (after a restart).
+	ReasonRestored Reason = "Restored"
+	// ReasonAlarm: LEAST_REQUEST for a spell after an alarm, until the
+	// engine's results have been Learned again for a query window.
+	ReasonAlarm Reason = "Alarm"
+	// ReasonUnsettled: LEAST_REQUEST for a spell while the engine's result
+	// is not Learned (a pod drained or without data), until the results
+	// have been Learned again for a query window.
+	ReasonUnsettled Reason = "Unsettled"
+	// ReasonFallback: LEAST_REQUEST while the weights have fallen back to
+	// equal (failed queries past the expiry).
+	ReasonFallback Reason = "Fallback"
+)
+
+// Alarm is a pod whose recent latency rang weights.Engine.Alarm.
+type Alarm struct {
+	Pod, Why string
+}
+
+// Decision is one cycle's outcome.
+type Decision struct {
+	// Result is the engine's result; Result.Changed says whether the
+	// weights moved (Policy.Weights then gives what to write).
+	Result weights.Result
+	// Balancer is what the DestinationRule should say from now on, and
+	// Why.
+	Balancer weights.Balancer
+	Why      Reason
+	// Switched: Balancer differs from the one before this cycle.
+	Switched bool
+	// Early: the cycle ran before its time because an alarm rang at a look.
+	Early bool
+	// Alarm: the cycle's own recent latencies rang the alarm (a look's
+	// alarm is in Early and Policy.Look's answer).
+	Alarm *Alarm
+}
+
+// Policy is one optimizer's policy. Not safe for concurrent use.
+type Policy struct {
+	cfg Config
+	eng *weights.Engine
+
+	optedIn bool
+	pods    []weights.Pod
+
+	// lastCycle is when the last cycle ran, nextCycle when the next
+	// regular one is due; lastLook when the last look ran (or the last
+	// cycle, whichever is later).
+	lastCycle, nextCycle, lastLook time.Time
+	// early: an alarm rang at a look; the next cycle is due at once.
+	early bool
+
+	balancer weights.Balancer
+	why      Reason
+	// learned: the engine's result was Learned once since opt-in (or the
+	// live DestinationRule said ROUND_ROBIN at a restart).
+	learned bool
+	// leastRequestUntil is the last instant LEAST_REQUEST was live
+	// (zero: never within memory).
+	leastRequestUntil time.Time
+	// learnedSince is since when the results have been Learned without a
+	// break (zero: the last was not).
+	learnedSince time.Time
+	switches     int
+}
+
+// New returns the policy of one optimizer, before its opt-in.
+func New(cfg Config) *Policy {
+	return &Policy{cfg: cfg, eng: weights.New(cfg.Engine), balancer: weights.BalancerLeastRequest, why: ReasonLearning}
+}
+
+// Configure changes the configuration; what was learned is kept. A new
+// cycle length reschedules the next regular cycle from the last one.
+func (p *Policy) Configure(now time.Time, cfg Config) {
+	jitter := p.cfg.Jitter
+	if cfg.Jitter == nil {
+		cfg.Jitter = jitter
+	}
+	reschedule := cfg.Cycle != p.cfg.Cycle
+	p.cfg = cfg
+	p.eng.SetParams(cfg.Engine)
+	if reschedule && !p.lastCycle.IsZero() {
+		p.schedule(p.lastCycle)
+	}
+	if p.optedIn {
+		p.setBalancer(now, p.balancer, p.why)
+	}
+}
+
+// OptIn seeds the engine when the policy first meets the optimizer's
+// endpoints, at now: live is the weights the ServiceEntry carries (nil at a
+// first opt-in, when there is none), liveBalancer the DestinationRule's
+// load balancer ("" when there is none), snap what an earlier manager
+// persisted (weights.Snapshot; invalid = none). With live weights for the
+// pods (a restart) they are settled estimates, and the live load balancer is
+// kept until the first cycle. Without them the pods carried equal traffic
+// under Istio's default LEAST_REQUEST, and that is the history the engine
+// gets. The first cycle is due at once. OptIn with no pods does nothing and
+// returns false (the caller tries again when there are pods); after a
+// successful OptIn it does nothing.
+func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32, liveBalancer weights.Balancer, snap weights.Snapshot) bool {
+	if p.optedIn || len(pods) == 0 {
+		return false
+	}
+	p.optedIn = true
+	p.pods = append([]weights.Pod(nil), pods...)
+	seed := map[string]uint32{}
+	for _, pod := range pods {
+		if w := live[pod.Name]; w > 0 {
+			seed[pod.Name] = w
+		}
+	}
+	restart := len(seed) > 0
+	switch {
+	case restart && snap.Valid():
+		p.eng.SeedSettled(now, seed, snap)
+	case restart:
+		p.eng.Seed(now, seed)
+	default:
+		// The window before the opt-in is history the engine can learn
+		// from: equal weights over all of it. Not capacities: nothing is
+		// known of those yet (a seed would take equal weights for them).
+		equal := make(map[string]uint32, len(pods))
+		for _, pod := range pods {
+			equal[pod.Name] = 1
+		}
+		p.eng.Applied(now.Add(-p.horizon()), equal)
+	}
+	if restart && liveBalancer == weights.BalancerRoundRobin {
+		// The manager before this one had learned; its weights are live
+		// under ROUND_ROBIN. Keep it (a restart must not flip the mesh's
+		// balancer back and forth).
+		p.learned = true
+		p.balancer, p.why = weights.BalancerRoundRobin, ReasonRestored
+	} else {
+		p.leastRequestUntil = now
+		p.balancer, p.why = weights.BalancerLeastRequest, ReasonLearning
+	}
+	if p.cfg.Balancer == weights.BalancerLeastRequest {
+		p.balancer, p.why = weights.BalancerLeastRequest, ReasonUserChoice
+	}
+	p.lastLook = now
+	p.nextCycle = now // the first cycle at once
+	return true
+}
+
+// OptedIn reports whether OptIn has seeded the engine.
+func (p *Policy) OptedIn() bool { return p.optedIn }
+
+// Weights records the current pod set and returns the weights to write for
+// it: what the engine holds for pods that stay (its latest while not yet
+// applied), initial weights for new ones (weights.Engine.Weights).
+func (p *Policy) Weights(now time.Time, pods []weights.Pod) map[string]uint32 {
+	p.pods = append(p.pods[:0], pods...)
+	return p.eng.Weights(now, pods)
+}
+
+// SetPods records the current pod set (the endpoints the weights were
+// applied to) without asking for weights.
+func (p *Policy) SetPods(pods []weights.Pod) { p.pods = append(p.pods[:0], pods...) }
+
+// Applied records that weights w are live from now (the caller wrote them,
+// or confirmed them unchanged).
+func (p *Policy) Applied(now time.Time, w map[string]uint32) {
+	p.eng.Applied(now, w)
+}
+
+// Next returns what is due next and when (at or before now: at once). It
+// changes nothing, so the caller may ask again at any time.
+func (p *Policy) Next(now time.Time) (Action, time.Time) {
+	if !p.optedIn || len(p.pods) == 0 || p.cfg.Cycle <= 0 {
+		// Not opted in, no pods, or not configured yet.
+		return Wait, time.Time{}
+	}
+	if p.early {
+		return Cycle, now
+	}
+	if p.lookWanted() {
+		look := p.lastLook.Add(p.cfg.LookInterval)
+		// A look leaves at least one interval before the cycle, so an
+		// alarm's cycle does not run just before the regular one.
+		if !look.Add(p.cfg.LookInterval).After(p.nextCycle) {
+			return Look, look
+		}
+	}
+	return Cycle, p.nextCycle
+}
+
+// LookWanted reports whether a look between cycles is worth its query now
+// (see Next).
+func (p *Policy) LookWanted() bool { return p.optedIn && p.lookWanted() }
+
+// lookWanted: looks are on, ROUND_ROBIN is live (under LEAST_REQUEST the
+// clients steer around a queue within a request) and the engine's alarm
+// can ring (its last result was Learned on fresh data).
+func (p *Policy) lookWanted() bool {
+	return p.cfg.LookInterval > 0 && p.balancer == weights.BalancerRoundRobin && p.eng.Alarming()
+}
+
+// Look is the look between cycles at now: obs holds the recent latencies
+// (weights.Signal.RecentLatency), or Err when the query failed. When they
+// ring the engine's alarm the next cycle is due at once, and Look returns
+// which pod and why.
+func (p *Policy) Look(now time.Time, obs weights.Observation) (Alarm, bool) {
+	p.lastLook = now
+	if !p.lookWanted() || obs.Err != nil || len(obs.Signals) == 0 {
+		return Alarm{}, false
+	}
+	obs.Time = now
+	pod, why, ring := p.eng.Alarm(p.pods, obs)
+	if ring {
+		p.early = true
+	}
+	return Alarm{Pod: pod, Why: why}, ring
+}
+
+// Cycle runs the engine on obs at now for pods (the endpoint set the
+// weights were applied to) and decides the load balancer.
+func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Pod) Decision {
+	p.pods = append(p.pods[:0], pods...)
+	d := Decision{Early: p.early}
+	obs.Time = now
+	obs.Early = p.early
+	obs.Balancer = p.liveOver(now)
+	alarmed := d.Early
+	if !d.Early && p.balancer == weights.BalancerRoundRobin {
+		if pod, why, ring := p.eng.Alarm(pods, obs); ring {
+			d.Alarm, alarmed = &Alarm{Pod: pod, Why: why}, true
+		}
+	}
+	d.Result = p.eng.Update(pods, obs)
+	p.early = false
+	p.lastCycle, p.lastLook = now, now
+	p.schedule(now)
+
+	before := p.balancer
+	lb, why := p.balancer, p.why
+	if !d.Result.Learned || d.Result.Mode == weights.ModeFallback {
+		p.learnedSince = time.Time{}
+	} else if p.learnedSince.IsZero() {
+		p.learnedSince = now
+	}
+	switch {
+	case d.Result.Mode == weights.ModeFallback:
+		lb, why = weights.BalancerLeastRequest, ReasonFallback
+	case !p.learned && d.Result.Learned && now.Sub(p.learnedSince) >= p.cfg.Engine.QueryWindow:
+		// The weights have rested on measured capacity for a whole
+		// query window: the first estimates, from a window that may hold
+		// little traffic, are not a verdict on their own.
+		p.learned = true
+		lb, why = weights.BalancerRoundRobin, ReasonLearned
+	case !p.learned:
+		lb, why = weights.BalancerLeastRequest, ReasonLearning
+	case !d.Result.Learned:
+		// A spell: the engine no longer trusts the weights (a pod fell
+		// behind, is drained, or lacks data) and LEAST_REQUEST steers
+		// around queues within a request.
+		lb, why = weights.BalancerLeastRequest, ReasonUnsettled
+		if alarmed || p.why == ReasonAlarm {
+			why = ReasonAlarm
+		}
+	case p.balancer == weights.BalancerLeastRequest && now.Sub(p.learnedSince) < p.cfg.Engine.QueryWindow:
+		// Learned again, but not yet for a whole query window: a
+		// result at the edge of the engine's confidence flickers, and
+		// each switch rebuilds the cluster in every client sidecar.
+	default:
+		lb, why = weights.BalancerRoundRobin, ReasonLearned
+	}
+	p.setBalancer(now, lb, why)
+	d.Balancer, d.Why = p.balancer, p.why
+	d.Switched = p.balancer != before
+	return d
+}
+
+// decide applies the user's choice over the policy's.
+func (p *Policy) decide(lb weights.Balancer, why Reason) (weights.Balancer, Reason) {
+	if p.cfg.Balancer == weights.BalancerLeastRequest {
+		return weights.BalancerLeastRequest, ReasonUserChoice
+	}
+	if why == ReasonUserChoice {
+		// The user moved back to ROUND_ROBIN.
+		if p.learned {
+			return weights.BalancerRoundRobin, ReasonLearned
+		}
+		return weights.BalancerLeastRequest, ReasonLearning
+	}
+	return lb, why
+}
+
+// setBalancer sets the balancer the policy chose (lb, why), under the
+// user's choice.
+func (p *Policy) setBalancer(now time.Time, lb weights.Balancer, why Reason) {
+	lb, why = p.decide(lb, why)
+	if !p.optedIn {
+		p.balancer, p.why = lb, why
+		return
+	}
+	if lb != p.balancer {
+		p.switches++
+	}
+	if p.balancer == weights.BalancerLeastRequest || lb == weights.BalancerLeastRequest {
+		p.leastRequestUntil = now
+	}
+	p.balancer, p.why = lb, why
+}
+
+// schedule sets the next regular cycle one period (plus jitter) after from.
+func (p *Policy) schedule(from time.Time) {
+	c := p.cfg.Cycle
+	if p.cfg.Jitter != nil {
+		c += time.Duration(p.cfg.Jitter() * jitterShare * float64(p.cfg.Cycle))
+	}
+	p.nextCycle = from.Add(c)
+}
+
+// liveOver is the balancer the clients ran over the query window ending at
+// now: LEAST_REQUEST if it was live at any moment of it (the window's
+// traffic did not all follow the weights), else ROUND_ROBIN.
+func (p *Policy) liveOver(now time.Time) weights.Balancer {
+	if p.balancer == weights.BalancerLeastRequest {
+		return weights.BalancerLeastRequest
+	}
+	if !p.leastRequestUntil.IsZero() && now.Sub(p.leastRequestUntil) < p.horizon() {
+		return weights.BalancerLeastRequest
+	}
+	return weights.BalancerRoundRobin
+}
+
+// horizon is how far back a query window's samples can reach: the window
+// plus one scrape interval.
+func (p *Policy) horizon() time.Duration {
+	return p.cfg.Engine.QueryWindow + p.cfg.Engine.ScrapeInterval
+}
+
+// Balancer is what the DestinationRule should say now, and why.
+func (p *Policy) Balancer() (weights.Balancer, Reason) { return p.balancer, p.why }
+
+// Switches counts the load-balancer changes since New (each one a
+// DestinationRule write).
+func (p *Policy) Switches() int { return p.switches }
+
+// Snapshot is the engine's weights.Snapshot, to persist.
+func (p *Policy) Snapshot() weights.Snapshot { return p.eng.Snapshot() }

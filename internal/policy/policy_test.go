@@ -1,0 +1,427 @@
+package policy
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+// fleet is four equal pods of 2 cores.
+func fleet() []weights.Pod {
+	var out []weights.Pod
+	for _, n := range []string{"web-0", "web-1", "web-2", "web-3"} {
+		out = append(out, weights.Pod{Name: n, Cores: 2})
+	}
+	return out
+}
+
+// steady is what the queries return for the fleet at half load: 1 core, 100
+// requests/s at 20 ms each; recent overrides a pod's recent latency.
+func steady(recent map[string]float64) weights.Observation {
+	obs := weights.Observation{Signals: map[string]weights.Signal{}}
+	for _, p := range fleet() {
+		r := 0.02
+		if v, ok := recent[p.Name]; ok {
+			r = v
+		}
+		obs.Signals[p.Name] = weights.Signal{CPU: 1, Requests: 100, Latency: 0.02, NodeCPU: math.NaN(), RecentCPU: 1, RecentLatency: r}
+	}
+	return obs
+}
+
+func config() Config {
+	return Config{Cycle: 30 * time.Second, LookInterval: LookInterval(15 * time.Second), Balancer: weights.BalancerRoundRobin,
+		Engine: weights.DefaultParams(), Jitter: NewJitter(7)}
+}
+
+// runUntil performs every action due up to end, answering cycles with obs
+// (recent latencies of looks from the same), applying the weights as the
+// mirror does, and returns the actions' instants and the decisions.
+func runUntil(t *testing.T, p *Policy, end time.Time, obs func(time.Time) weights.Observation) (acts []Action, at []time.Time, ds []Decision) {
+	t.Helper()
+	for i := 0; i < 10000; i++ {
+		act, when := p.Next(end)
+		if act == Wait || when.After(end) {
+			return
+		}
+		switch act {
+		case Look:
+			p.Look(when, obs(when))
+		case Cycle:
+			d := p.Cycle(when, obs(when), fleet())
+			ds = append(ds, d)
+			p.Applied(when, p.Weights(when, fleet()))
+		}
+		acts, at = append(acts, act), append(at, when)
+	}
+	t.Fatal("no end of actions")
+	return
+}
+
+func TestNothingIsDueBeforeTheOptIn(t *testing.T) {
+	p := New(config())
+	if act, _ := p.Next(t0); act != Wait {
+		t.Fatalf("before the opt-in: %v, want Wait", act)
+	}
+	if p.OptIn(t0, nil, nil, "", weights.Snapshot{}) {
+		t.Fatal("OptIn without pods succeeded")
+	}
+	if act, _ := p.Next(t0); act != Wait {
+		t.Fatalf("after an opt-in without pods: %v, want Wait", act)
+	}
+}
+
+// The first cycle runs at the opt-in, not a period later; the regular
+// cycles follow one period plus at most a tenth of it apart.
+func TestFirstCycleAtOptInThenPeriodWithJitter(t *testing.T) {
+	p := New(config())
+	if !p.OptIn(t0, fleet(), nil, "", weights.Snapshot{}) {
+		t.Fatal("OptIn failed")
+	}
+	if act, at := p.Next(t0); act != Cycle || !at.Equal(t0) {
+		t.Fatalf("after the opt-in: %v at %v, want Cycle at once", act, at.Sub(t0))
+	}
+	acts, at, _ := runUntil(t, p, t0.Add(10*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	var cycles []time.Time
+	for i, a := range acts {
+		if a == Cycle {
+			cycles = append(cycles, at[i])
+		}
+	}
+	if len(cycles) < 15 || !cycles[0].Equal(t0) {
+		t.Fatalf("cycles at %v", cycles)
+	}
+	jittered := false
+	for i := 1; i < len(cycles); i++ {
+		gap := cycles[i].Sub(cycles[i-1])
+		if gap < 30*time.Second || gap >= 33*time.Second {
+			t.Errorf("cycle %d came %v after the one before, want 30s to 33s", i, gap)
+		}
+		jittered = jittered || gap != 30*time.Second
+	}
+	if !jittered {
+		t.Error("no cycle was jittered")
+	}
+}
+
+// At a first opt-in the pods had equal traffic under LEAST_REQUEST: the
+// engine is seeded with equal weights over the whole query window (not an
+// empty history), and told LEAST_REQUEST was live.
+func TestOptInSeedsEqualWeightsUnderLeastRequest(t *testing.T) {
+	p := New(config())
+	p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+	w := p.Weights(t0, fleet())
+	if len(w) != 4 {
+		t.Fatalf("weights %v, want four", w)
+	}
+	for n, v := range w {
+		if v != w["web-0"] {
+			t.Errorf("%s has %d, want the same as web-0's %d", n, v, w["web-0"])
+		}
+	}
+	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonLearning {
+		t.Errorf("balancer %s (%s), want LEAST_REQUEST (Learning)", lb, why)
+	}
+	if got := p.liveOver(t0.Add(30 * time.Second)); got != weights.BalancerLeastRequest {
+		t.Errorf("live over the first window: %s, want LEAST_REQUEST", got)
+	}
+}
+
+// LEAST_REQUEST until the results have been Learned for a query window,
+// then the user's ROUND_ROBIN, one switch; steady signals switch nothing
+// more.
+func TestLeastRequestUntilLearnedThenRoundRobinOnce(t *testing.T) {
+	p := New(config())
+	p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+	_, at, ds := runUntil(t, p, t0.Add(20*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	learned := -1
+	var since time.Time
+	for i, d := range ds {
+		if d.Result.Learned && since.IsZero() {
+			since = at[i]
+		}
+		if d.Result.Learned && learned < 0 && at[i].Sub(since) >= time.Minute {
+			learned = i
+		}
+		want := weights.BalancerLeastRequest
+		if learned >= 0 {
+			want = weights.BalancerRoundRobin
+		}
+		if d.Balancer != want {
+			t.Errorf("cycle %d (at %v, learned %v): %s, want %s", i, at[i].Sub(t0), d.Result.Learned, d.Balancer, want)
+		}
+	}
+	if learned < 0 {
+		t.Fatal("never Learned on steady signals")
+	}
+	if p.Switches() != 1 {
+		t.Errorf("%d switches, want 1", p.Switches())
+	}
+	if lb, why := p.Balancer(); lb != weights.BalancerRoundRobin || why != ReasonLearned {
+		t.Errorf("ends on %s (%s), want ROUND_ROBIN (Learned)", lb, why)
+	}
+}
+
+// learned returns a policy whose engine has learned the steady fleet, at the
+// returned instant.
+func learned(t *testing.T, cfg Config) (*Policy, time.Time) {
+	t.Helper()
+	p := New(cfg)
+	p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+	end := t0.Add(10 * time.Minute)
+	runUntil(t, p, end, func(time.Time) weights.Observation { return steady(nil) })
+	if lb, _ := p.Balancer(); lb != weights.BalancerRoundRobin {
+		t.Fatalf("not on ROUND_ROBIN after 10 steady minutes: %s", lb)
+	}
+	return p, end
+}
+
+// Looks run every look interval between cycles while ROUND_ROBIN is live,
+// none within one interval of the regular cycle.
+func TestLooksBetweenCyclesKeepClearOfTheCycle(t *testing.T) {
+	p, now := learned(t, config())
+	next := p.nextCycle
+	var looks []time.Time
+	for {
+		act, at := p.Next(now)
+		if act != Look {
+			if act != Cycle {
+				t.Fatalf("%v between looks", act)
+			}
+			break
+		}
+		p.Look(at, steady(nil))
+		looks = append(looks, at)
+		now = at
+	}
+	if len(looks) < 3 {
+		t.Fatalf("looks at %v", looks)
+	}
+	for i := 1; i < len(looks); i++ {
+		if looks[i].Sub(looks[i-1]) != 5*time.Second {
+			t.Errorf("looks %v apart, want 5s", looks[i].Sub(looks[i-1]))
+		}
+	}
+	_, cycle := p.Next(now)
+	if !cycle.Equal(next) {
+		t.Errorf("the looks moved the cycle from %v to %v", next, cycle)
+	}
+	if last := looks[len(looks)-1]; cycle.Sub(last) < 5*time.Second {
+		t.Errorf("last look %v before the cycle, want at least one interval", cycle.Sub(last))
+	}
+}
+
+// No looks under LEAST_REQUEST (the user's choice), nor with looks off.
+func TestNoLooksUnderLeastRequestOrWhenOff(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"user LEAST_REQUEST": func() Config { c := config(); c.Balancer = weights.BalancerLeastRequest; return c }(),
+		"looks off":          func() Config { c := config(); c.LookInterval = 0; return c }(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := New(cfg)
+			p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+			acts, _, ds := runUntil(t, p, t0.Add(10*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+			for _, a := range acts {
+				if a == Look {
+					t.Fatal("a look ran")
+				}
+			}
+			if cfg.Balancer == weights.BalancerLeastRequest {
+				for _, d := range ds {
+					if d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonUserChoice {
+						t.Fatalf("%s (%s), want LEAST_REQUEST (UserChoice)", d.Balancer, d.Why)
+					}
+				}
+				if p.Switches() != 0 {
+					t.Errorf("%d switches, want 0", p.Switches())
+				}
+			}
+		})
+	}
+}
+
+// An alarm at a look makes the cycle due at once; that cycle is early, puts
+// the Service on LEAST_REQUEST for a spell, and the next regular cycle comes
+// a full period after it (never on the same scrapes). The spell ends once
+// the results have been Learned for a query window.
+func TestAlarmRunsAnEarlyCycleAndASpell(t *testing.T) {
+	p, now := learned(t, config())
+	act, at := p.Next(now)
+	if act != Look {
+		t.Fatalf("%v, want a look", act)
+	}
+	slow := steady(map[string]float64{"web-2": 2})
+	a, ring := p.Look(at, slow)
+	if !ring || a.Pod != "web-2" {
+		t.Fatalf("look: %+v %v, want an alarm for web-2", a, ring)
+	}
+	if act, due := p.Next(at); act != Cycle || !due.Equal(at) {
+		t.Fatalf("after the alarm: %v at %v, want Cycle at once", act, due.Sub(at))
+	}
+	d := p.Cycle(at, slow, fleet())
+	p.Applied(at, p.Weights(at, fleet()))
+	if !d.Early || d.Result.Learned {
+		t.Fatalf("the alarm's cycle: early %v learned %v, want early, not Learned", d.Early, d.Result.Learned)
+	}
+	if d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonAlarm || !d.Switched {
+		t.Errorf("the alarm's cycle: %s (%s) switched %v, want a switch to LEAST_REQUEST (Alarm)", d.Balancer, d.Why, d.Switched)
+	}
+	if _, due := p.Next(at); due.Sub(at) < 30*time.Second {
+		t.Errorf("the next cycle %v after the early one, want a period", due.Sub(at))
+	}
+	if got := p.liveOver(at.Add(time.Second)); got != weights.BalancerLeastRequest {
+		t.Errorf("engine told %s, want LEAST_REQUEST", got)
+	}
+	// The pod recovers: Learned again, back on ROUND_ROBIN a window later.
+	_, when, ds := runUntil(t, p, at.Add(10*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	firstLearned, back := -1, -1
+	for i, d := range ds {
+		if d.Result.Learned && firstLearned < 0 {
+			firstLearned = i
+		}
+		if d.Balancer == weights.BalancerRoundRobin && back < 0 {
+			back = i
+		}
+	}
+	if firstLearned < 0 || back < 0 {
+		t.Fatalf("never back: learned at cycle %d, ROUND_ROBIN at %d", firstLearned, back)
+	}
+	_ = when
+	if back == firstLearned {
+		t.Errorf("back on ROUND_ROBIN at the first Learned result, want a query window later")
+	}
+	if p.Switches() != 3 {
+		t.Errorf("%d switches, want 3 (learned, spell, end of spell)", p.Switches())
+	}
+}
+
+// Once learned, a result that is not Learned (here: a new pod without
+// data) starts a spell of LEAST_REQUEST; one Learned result does not end
+// it, a query window of them does.
+func TestNotLearnedStartsASpellThatEndsAfterAWindow(t *testing.T) {
+	p, now := learned(t, config())
+	before := p.Switches()
+	act, at := p.Next(now)
+	for act == Look {
+		p.Look(at, steady(nil))
+		act, at = p.Next(at)
+	}
+	// A new pod without data joins the set.
+	grown := append(fleet(), weights.Pod{Name: "web-4", Cores: 2, ReadySince: at})
+	d := p.Cycle(at, steady(nil), grown)
+	if d.Result.Learned {
+		t.Fatalf("the engine calls a set with a pod it never measured Learned (%s); this test needs another not-Learned result", d.Result.Message)
+	}
+	if d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonUnsettled || p.Switches() != before+1 {
+		t.Fatalf("not Learned: %s (%s), %d switches (was %d); want a spell of LEAST_REQUEST", d.Balancer, d.Why, p.Switches(), before)
+	}
+	at = at.Add(30 * time.Second)
+	d = p.Cycle(at, steady(nil), fleet())
+	if d.Result.Learned && d.Balancer != weights.BalancerLeastRequest {
+		t.Errorf("one Learned result ended the spell")
+	}
+	for i := 0; i < 4; i++ {
+		at = at.Add(30 * time.Second)
+		d = p.Cycle(at, steady(nil), fleet())
+	}
+	if d.Balancer != weights.BalancerRoundRobin {
+		t.Errorf("after two minutes of Learned results: %s (%s), want ROUND_ROBIN", d.Balancer, d.Why)
+	}
+}
+
+// After a restart with live weights under ROUND_ROBIN, the balancer is kept
+// and the first cycle still runs at once.
+func TestRestartKeepsTheLiveBalancer(t *testing.T) {
+	old, now := learned(t, config())
+	live := old.Weights(now, fleet())
+	p := New(config())
+	p.OptIn(now, fleet(), live, weights.BalancerRoundRobin, old.Snapshot())
+	if lb, why := p.Balancer(); lb != weights.BalancerRoundRobin || why != ReasonRestored {
+		t.Fatalf("after a restart: %s (%s), want ROUND_ROBIN (Restored)", lb, why)
+	}
+	if act, at := p.Next(now); act != Cycle || !at.Equal(now) {
+		t.Fatalf("%v at %v, want the first cycle at once", act, at.Sub(now))
+	}
+	_, _, ds := runUntil(t, p, now.Add(5*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	for i, d := range ds {
+		if d.Balancer != weights.BalancerRoundRobin {
+			t.Errorf("cycle %d after the restart: %s (%s)", i, d.Balancer, d.Why)
+		}
+	}
+	if p.Switches() != 0 {
+		t.Errorf("%d switches after a restart, want 0", p.Switches())
+	}
+	// Live weights under LEAST_REQUEST: the manager before had not
+	// learned, and neither has this one yet.
+	q := New(config())
+	q.OptIn(now, fleet(), live, weights.BalancerLeastRequest, weights.Snapshot{})
+	if lb, why := q.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonLearning {
+		t.Errorf("restart under LEAST_REQUEST: %s (%s)", lb, why)
+	}
+}
+
+// Failed queries past the expiry fall back to equal weights: LEAST_REQUEST
+// until the weights are learned again.
+func TestFallbackRunsLeastRequest(t *testing.T) {
+	p, now := learned(t, config())
+	failing := func(time.Time) weights.Observation { return weights.Observation{Err: errFailed} }
+	_, _, ds := runUntil(t, p, now.Add(10*time.Minute), failing)
+	last := ds[len(ds)-1]
+	if last.Result.Mode != weights.ModeFallback || last.Balancer != weights.BalancerLeastRequest || last.Why != ReasonFallback {
+		t.Fatalf("after 10 failing minutes: %s, %s (%s); want Fallback on LEAST_REQUEST", last.Result.Mode, last.Balancer, last.Why)
+	}
+	_, _, ds = runUntil(t, p, now.Add(30*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	if lb, _ := p.Balancer(); lb != weights.BalancerRoundRobin {
+		t.Errorf("after recovery: %s (%d cycles), want ROUND_ROBIN", lb, len(ds))
+	}
+}
+
+type failed struct{}
+
+func (failed) Error() string { return "backend down" }
+
+var errFailed = failed{}
+
+// The same inputs give the same actions at the same instants.
+func TestDeterministic(t *testing.T) {
+	run := func() ([]Action, []time.Time, []Decision) {
+		p := New(config())
+		p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+		return runUntil(t, p, t0.Add(15*time.Minute), func(at time.Time) weights.Observation {
+			if at.Sub(t0) > 8*time.Minute && at.Sub(t0) < 9*time.Minute {
+				return steady(map[string]float64{"web-1": 1})
+			}
+			return steady(nil)
+		})
+	}
+	a1, t1, d1 := run()
+	a2, t2, d2 := run()
+	if len(a1) != len(a2) {
+		t.Fatalf("%d and %d actions", len(a1), len(a2))
+	}
+	for i := range a1 {
+		if a1[i] != a2[i] || !t1[i].Equal(t2[i]) {
+			t.Fatalf("action %d: %v at %v and %v at %v", i, a1[i], t1[i], a2[i], t2[i])
+		}
+	}
+	for i := range d1 {
+		if d1[i].Balancer != d2[i].Balancer || d1[i].Result.Changed != d2[i].Result.Changed {
+			t.Fatalf("decision %d differs", i)
+		}
+	}
+}
+
+func TestLookInterval(t *testing.T) {
+	for scrape, want := range map[time.Duration]time.Duration{
+		15 * time.Second: 5 * time.Second, 30 * time.Second: 10 * time.Second,
+		15 * time.Millisecond: time.Second, 0: 0,
+	} {
+		if got := LookInterval(scrape); got != want {
+			t.Errorf("LookInterval(%v) = %v, want %v", scrape, got, want)
+		}
+	}
+}
