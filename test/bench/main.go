@@ -267,8 +267,8 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 		hdr += " p99 after event ms | p99.9 after event ms |"
 		sep += "---:|---:|"
 	}
-	hdr += " max/mean util | min/mean util | max queue | publications | converged (cycle) |"
-	sep += "---:|---:|---:|---:|---:|"
+	hdr += " max/mean util | min/mean util | max queue | writes | policy switches | settled (cycle) | writes, switches after settled |"
+	sep += "---:|---:|---:|---:|---:|---:|---:|"
 	fmt.Fprintln(w, hdr)
 	fmt.Fprintln(w, sep)
 	for _, r := range rs {
@@ -280,11 +280,15 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 			}
 			line += fmt.Sprintf(" %s | %s |", ms(v), ms(v9))
 		}
-		conv := "never"
-		if r.ConvergeCycle >= 0 {
-			conv = fmt.Sprintf("%d (%s)", r.ConvergeCycle, time.Duration(r.ConvergeCycle)*sc.Cycle.Duration)
+		settled, after := "-", "-"
+		switch {
+		case r.SettledCycle >= 0:
+			settled = fmt.Sprintf("%d (%s)", r.SettledCycle, time.Duration(r.SettledCycle)*sc.Cycle.Duration)
+			after = fmt.Sprintf("%d, %d", r.WritesAfterSettled, r.SwitchesAfterSettled)
+		case r.Writes > 0:
+			settled = "never"
 		}
-		line += fmt.Sprintf(" %.3f | %.3f | %d | %d | %s |", r.MaxMeanUtil, r.MinMeanUtil, r.MaxQueue, r.Publications, conv)
+		line += fmt.Sprintf(" %.3f | %.3f | %d | %d | %d | %s | %s |", r.MaxMeanUtil, r.MinMeanUtil, r.MaxQueue, r.Writes, r.PolicySwitches, settled, after)
 		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintln(w)
