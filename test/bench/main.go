@@ -37,7 +37,13 @@ func main() {
 		trace        = flag.String("trace", "", "print every cycle of this optimizer strategy (weights, signals, engine message) to stderr")
 		targets      = flag.String("targets", "", "measure the quality targets on the scenarios in this directory (see --seeds) and print them")
 		guardedOnly  = flag.Bool("guarded-only", false, "with --targets: skip the targets known to miss (as TestIssueTargets does)")
-		seeds        = flag.String("seeds", "0", "with --targets: comma-separated seeds or ranges (1-8); 0 = each file's own seed")
+		seeds        = flag.String("seeds", "0", "with --targets, --guard or --markdown: comma-separated seeds or ranges (1-8); 0 = each file's own seed")
+		guard        = flag.String("guard", "", "run the regression guard (TestIssueTargets) on the scenarios in this directory over --seeds and print it")
+		baseline     = flag.String("baseline", "test/bench/baseline.json", "with --guard or --markdown: the recorded baseline to compare with")
+		writeBase    = flag.String("write-baseline", "", "with --guard: record the optimizer's p99 per scenario and seed to this file instead of comparing")
+		markdown     = flag.String("markdown", "", "run every scenario of --all over --seeds and write the benchmark documentation (docs/benchmarks.md) to this file")
+		readme       = flag.String("readme", "", "with --markdown: also regenerate the figures between the bench-docs markers of this README")
+		sensitivity  = flag.String("sensitivity", "test/bench/sensitivity.md", "with --markdown: the sensitivity table to include (make bench-sensitivity writes it)")
 		speedTilt    = flag.Float64("speed-tilt", -1, "engine SpeedTilt for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		drainTime    = flag.Duration("drain-time", -1, "engine DrainTime for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		minLatency   = flag.String("minimize-latency", "", "engine MinimizeLatency, true or false (sensitivity runs; default: DefaultParams)")
@@ -59,6 +65,55 @@ func main() {
 				p.MinimizeLatency = *minLatency == "true"
 			}
 		}
+	}
+	if *markdown != "" {
+		ss, err := parseSeeds(*seeds)
+		if err != nil {
+			fatal(err)
+		}
+		if *allDir == "" {
+			fatal(fmt.Errorf("--markdown needs --all DIR"))
+		}
+		start := time.Now()
+		if err := writeDocs(*allDir, ss, *parallel, *markdown, *readme, *baseline, *sensitivity); err != nil {
+			fatal(err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s written from %d seed(s) in %.1fs\n", *markdown, len(ss), time.Since(start).Seconds())
+		return
+	}
+	if *guard != "" {
+		ss, err := parseSeeds(*seeds)
+		if err != nil {
+			fatal(err)
+		}
+		start := time.Now()
+		m, err := runGuardMatrix(*guard, ss, *parallel)
+		if err != nil {
+			fatal(err)
+		}
+		if *writeBase != "" {
+			if err := baselineOf(m).write(*writeBase); err != nil {
+				fatal(err)
+			}
+			checks, err := guardChecks(m, nil)
+			if err != nil {
+				fatal(err)
+			}
+			writeGuard(os.Stdout, checks, medianTargets(m, Targets))
+			fmt.Fprintf(os.Stderr, "bench: baseline of %d scenarios on %d seed(s) written to %s in %.1fs\n", len(m.Files), len(ss), *writeBase, time.Since(start).Seconds())
+			return
+		}
+		base, err := loadBaseline(*baseline)
+		if err != nil {
+			fatal(err)
+		}
+		checks, err := guardChecks(m, base)
+		if err != nil {
+			fatal(err)
+		}
+		writeGuard(os.Stdout, checks, medianTargets(m, Targets))
+		fmt.Fprintf(os.Stderr, "bench: guard on %d seed(s) in %.1fs\n", len(ss), time.Since(start).Seconds())
+		return
 	}
 	if *targets != "" {
 		ss, err := parseSeeds(*seeds)
