@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	_ "embed"
+	"encoding/gob"
 	"fmt"
 	"io"
 	"math"
@@ -67,11 +68,25 @@ type docsData struct {
 // (and what the guard and the targets need) over seeds and writes the
 // Markdown to out, and the README's table between its markers when readme
 // is not empty.
-func writeDocs(dir string, seeds []uint64, parallel int, out, readme, baseline, sensitivity string) error {
+//
+// cache, when not empty, names a file the runs are kept in: read instead of
+// running when it exists (to rework the template without rerunning).
+func writeDocs(dir string, seeds []uint64, parallel int, out, readme, baseline, sensitivity, cache string) error {
 	start := time.Now()
 	files, err := scenarioFiles(dir)
 	if err != nil {
 		return err
+	}
+	if cache != "" {
+		if f, err := os.Open(cache); err == nil {
+			var m Matrix
+			err := gob.NewDecoder(f).Decode(&m)
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", cache, err)
+			}
+			return renderDocs(&m, files, start, out, readme, baseline, sensitivity)
+		}
 	}
 	m, err := runMatrix(dir, files, func(f string) []string {
 		s := slices.Clone(docsStrategies)
@@ -85,7 +100,27 @@ func writeDocs(dir string, seeds []uint64, parallel int, out, readme, baseline, 
 	if err != nil {
 		return err
 	}
+	if cache != "" {
+		f, err := os.Create(cache)
+		if err != nil {
+			return err
+		}
+		if err := gob.NewEncoder(f).Encode(m); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return renderDocs(m, files, start, out, readme, baseline, sensitivity)
+}
+
+// renderDocs writes the documentation of the runs in m.
+func renderDocs(m *Matrix, files []string, start time.Time, out, readme, baseline, sensitivity string) error {
+	seeds := m.Seeds
 	var base *Baseline
+	var err error
 	if baseline != "" {
 		if base, err = loadBaseline(baseline); err != nil {
 			return err
@@ -117,7 +152,6 @@ func writeDocs(dir string, seeds []uint64, parallel int, out, readme, baseline, 
 		Seeds:       seedList(seeds),
 		NSeeds:      len(seeds),
 		Command:     fmt.Sprintf("make bench-docs BENCH_DOCS_SEEDS=%s", seedList(seeds)),
-		Elapsed:     fmt.Sprintf("%.0f", time.Since(start).Minutes()),
 		Summary:     summaryTable(m, files),
 		Scenarios:   strings.TrimSpace(scen.String()),
 		Guard:       strings.TrimSpace(guard.String()),
@@ -235,7 +269,7 @@ func writeScenarioSection(w io.Writer, m *Matrix, file string) error {
 	}
 	fmt.Fprintf(w, "### %s\n\n", strings.TrimSuffix(file, ".yaml"))
 	if sc.Description != "" {
-		fmt.Fprintf(w, "%s\n\n", strings.TrimSpace(sc.Description))
+		fmt.Fprintf(w, "%s\n", strings.TrimSpace(sc.Description))
 	}
 	fmt.Fprintf(w, "%d pods, %d clients, load %.2f, %s %s work, %s (first %s not measured), cycle %s.\n\n",
 		pods, sc.Clients, sc.Load, sc.Work.Mean.Duration, sc.Work.Distribution, sc.Duration.Duration, sc.Warmup.Duration, sc.Cycle.Duration)
@@ -246,7 +280,7 @@ func writeScenarioSection(w io.Writer, m *Matrix, file string) error {
 		hdr += " p99 after the event / `wrr_oracle` |"
 		sep += "---:|"
 	}
-	hdr += " p99.9 ms | max/mean util | writes | policy switches | settled (seeds, median cycle) | writes, switches after settling (worst seed) |"
+	hdr += " p99.9 ms | max/mean util | writes | policy switches | settled | writes, switches after settling (worst seed) |"
 	sep += "---:|---:|---:|---:|---:|---:|"
 	fmt.Fprintln(w, hdr)
 	fmt.Fprintln(w, sep)

@@ -144,7 +144,19 @@ func coldLimit(load float64) float64 {
 // within guardBestRatio of the best static weights, and why: measured and
 // printed, not asserted. The engine being rewritten to solve the promise is
 // what is to close them.
-var bestMisses = map[string]string{}
+var bestMisses = map[string]string{
+	"hetero3-60.yaml":          whyCapacityShares,
+	"hetero3-80.yaml":          whyCapacityShares,
+	"hetero3-80-nolimits.yaml": whyCapacityShares,
+	"hetero3-20-lowload.yaml":  whyLowLoadSplit,
+	"slowdown.yaml":            whyCapacityShares + "; after the change, the cycles it takes to learn the new capacity (the oracles know it at once)",
+	"churn.yaml":               whyCapacityShares + "; after each change, the cycles it takes to learn the new pods (the oracles know them at once)",
+}
+
+const (
+	whyCapacityShares = "from 60% load the engine gives pods of one core count capacity shares tilted by SpeedTilt, every pod about equally busy, where the best static weights run the slow pods emptier than the fast ones (at 80% load the busiest pod at 1.08x the mean utilisation, the least busy at 0.92x; the engine's within 3%)"
+	whyLowLoadSplit   = "at low load the engine's split (Sakasegawa's approximation of the M/M/c wait, speeds pooled within their noise) keeps the slow pods busier than the exact solution, which sends them nothing at 20% load (the busiest pod at 2.6x the mean utilisation against 3.0x)"
+)
 
 // GuardCheck is one rule on one scenario.
 type GuardCheck struct {
@@ -306,12 +318,64 @@ func targetStrategies(targets []Target, file string) []string {
 	return out
 }
 
-// writeGuard prints the guard's checks and the targets on medians.
+// guardColumns are writeGuard's columns, by rule.
+var guardColumns = []struct{ rule, title string }{
+	{"optimizer median p99 / oracle_best median p99", "median p99 / `oracle_best`'s (≤ 1.1x)"},
+	{"optimizer median p99 against the baseline's +3%", "median p99 (≤ baseline +3%)"},
+	{"optimizer worst-seed p99 against the baseline's +10%", "worst seed's p99 (≤ baseline +10%)"},
+	{"optimizer p99 from opt-in / wrr_oracle, median", "cold: p99 from opt-in / `wrr_oracle`'s, median (≤ 1.3x at 0.8 load, 1.5x at 0.9)"},
+	{"optimizer's worst minute / lr's, median", "cold: worst minute / `lr`'s, median (≤ 1x)"},
+}
+
+// writeGuard prints the guard's checks, one row per scenario, the reasons
+// of the known misses below, and the targets on medians.
 func writeGuard(w io.Writer, checks []GuardCheck, targets []TargetResult) {
-	fmt.Fprintln(w, "| scenario | rule | value | limit | holds |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---|")
+	var scenarios []string
+	cell := map[[2]string]GuardCheck{}
 	for _, g := range checks {
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", strings.TrimSuffix(g.Scenario, ".yaml"), g.Rule, g.format(g.Value), g.format(g.Limit), verdict(g.Holds(), g.Miss))
+		if !slices.Contains(scenarios, g.Scenario) {
+			scenarios = append(scenarios, g.Scenario)
+		}
+		cell[[2]string{g.Scenario, g.Rule}] = g
+	}
+	hdr, sep := "| scenario (the optimizer's) |", "|---|"
+	for _, c := range guardColumns {
+		hdr += " " + c.title + " |"
+		sep += "---|"
+	}
+	fmt.Fprintln(w, hdr)
+	fmt.Fprintln(w, sep)
+	var reasons []string
+	for _, f := range scenarios {
+		line := "| " + strings.TrimSuffix(f, ".yaml") + " |"
+		for _, c := range guardColumns {
+			g, ok := cell[[2]string{f, c.rule}]
+			if !ok {
+				line += " - |"
+				continue
+			}
+			v := verdict(g.Holds(), g.Miss)
+			if g.Miss != "" {
+				k := slices.Index(reasons, g.Miss)
+				if k < 0 {
+					reasons = append(reasons, g.Miss)
+					k = len(reasons) - 1
+				}
+				v = fmt.Sprintf("known miss (%d)", k+1)
+				if g.Holds() {
+					v = fmt.Sprintf("yes, a known miss (%d)", k+1)
+				}
+			}
+			limit := ""
+			if g.Unit == "ms" {
+				limit = " of " + g.format(g.Limit)
+			}
+			line += fmt.Sprintf(" %s%s: %s |", g.format(g.Value), limit, v)
+		}
+		fmt.Fprintln(w, line)
+	}
+	for k, r := range reasons {
+		fmt.Fprintf(w, "\n(%d) %s\n", k+1, r)
 	}
 	if len(targets) == 0 {
 		return

@@ -44,6 +44,7 @@ func main() {
 		markdown     = flag.String("markdown", "", "run every scenario of --all over --seeds and write the benchmark documentation (docs/benchmarks.md) to this file")
 		readme       = flag.String("readme", "", "with --markdown: also regenerate the figures between the bench-docs markers of this README")
 		sensitivity  = flag.String("sensitivity", "test/bench/sensitivity.md", "with --markdown: the sensitivity table to include (make bench-sensitivity writes it)")
+		matrixCache  = flag.String("matrix-cache", "", "with --markdown: keep the runs in this file, and read them from it when it exists (to rework the template without rerunning)")
 		speedTilt    = flag.Float64("speed-tilt", -1, "engine SpeedTilt for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		drainTime    = flag.Duration("drain-time", -1, "engine DrainTime for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		minLatency   = flag.String("minimize-latency", "", "engine MinimizeLatency, true or false (sensitivity runs; default: DefaultParams)")
@@ -75,7 +76,7 @@ func main() {
 			fatal(fmt.Errorf("--markdown needs --all DIR"))
 		}
 		start := time.Now()
-		if err := writeDocs(*allDir, ss, *parallel, *markdown, *readme, *baseline, *sensitivity); err != nil {
+		if err := writeDocs(*allDir, ss, *parallel, *markdown, *readme, *baseline, *sensitivity, *matrixCache); err != nil {
 			fatal(err)
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s written from %d seed(s) in %.1fs\n", *markdown, len(ss), time.Since(start).Seconds())
