@@ -98,10 +98,11 @@ func (s *sim) linkerdResponse(ci, h int32, rtt float64) {
 //     stands in for one without;
 //   - with no usable answer the client picks a replica uniformly.
 const (
-	// prequalProbesPerQuery: the paper's probing rate, a few probes per
-	// query (it sweeps r_probe and runs YouTube near 3).
+	// prequalProbesPerQuery: the paper makes the probe rate per query a
+	// parameter; 3 is our choice, enough that a query finds a pool of
+	// fresh answers without probing every replica.
 	prequalProbesPerQuery = 3
-	// prequalPool: the paper's maximum pool size.
+	// prequalPool: the paper's maximum pool size (16).
 	prequalPool = 16
 	// prequalQRIF: the hot-cold threshold as a quantile of the pool's
 	// RIFs, in the middle of the range the paper recommends (0.6-0.9).
