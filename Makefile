@@ -40,6 +40,10 @@ test_norace_pkgs = $(filter $(shell go list $(TEST_NORACE_PACKAGES)),$(shell go 
 
 # Flags for the balancing benchmark (test/bench) and the local demo (test/demo).
 BENCH_ARGS ?= --all test/bench/scenarios
+# Seeds of make bench-docs (docs/benchmarks.md and the README's figures) and
+# of the guard's baseline (make bench-baseline; TestIssueTargets runs 1-16).
+BENCH_DOCS_SEEDS ?= 1-16
+BENCH_GUARD_SEEDS ?= 1-16
 DEMO_ARGS ?=
 
 # Where controller-gen writes. The generated-files test (test/generated)
@@ -104,6 +108,22 @@ test-generated: controller-gen ## Fail if the committed CRDs, RBAC or deepcopy c
 .PHONY: bench
 bench: ## Run the side-by-side balancing benchmark on every shipped scenario.
 	go run ./test/bench $(BENCH_ARGS)
+
+.PHONY: bench-docs
+bench-docs: ## Regenerate docs/benchmarks.md and the README's figures from one run of the bench over BENCH_DOCS_SEEDS.
+	go run ./test/bench --all test/bench/scenarios --seeds $(BENCH_DOCS_SEEDS) --markdown docs/benchmarks.md --readme README.md
+
+.PHONY: bench-guard
+bench-guard: ## Print the bench's regression guard (what TestIssueTargets asserts) over BENCH_GUARD_SEEDS.
+	go run ./test/bench --guard test/bench/scenarios --seeds $(BENCH_GUARD_SEEDS)
+
+.PHONY: bench-baseline
+bench-baseline: ## Record the guard's baseline (test/bench/baseline.json) from the current engine.
+	go run ./test/bench --guard test/bench/scenarios --seeds $(BENCH_GUARD_SEEDS) --write-baseline test/bench/baseline.json
+
+.PHONY: bench-sensitivity
+bench-sensitivity: ## Rerun the sensitivity table of the engine's constants (long) for make bench-docs.
+	hack/sensitivity.sh > test/bench/sensitivity.md.new && mv test/bench/sensitivity.md.new test/bench/sensitivity.md
 
 .PHONY: scale
 scale: envtest ## Measure reconcile cost (pure part, and the manager binary's at 1 x 4000 and 200 x 50 pods), object and query sizes, and the manager's memory at 200 optimizers x 50 pods (minutes; docs/scale.md).

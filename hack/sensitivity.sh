@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Sensitivity of the engine's tuned constants (docs/benchmarks.md,
-# "Sensitivity of the tuned constants"): the bench's targets are run with
+# "Sensitivity of the engine's constants"; make bench-sensitivity writes
+# test/bench/sensitivity.md, which make bench-docs includes there): the
+# bench's targets are run with
 # one value changed at a time, at half and double its default (or the
 # nearest value that stays in range), and one Markdown row is printed per
 # run. SpeedTilt and DrainTime change by bench flag; a package constant
 # changes through `go build -overlay`, so the working tree is never edited.
 #
 #   hack/sensitivity.sh            # each scenario file's own seed
-#   SEEDS=1-3 hack/sensitivity.sh  # the seeds TestIssueTargets guards
+#   SEEDS=1-3 hack/sensitivity.sh  # on seeds 1-3
 #
-# "guarded" counts the targets without a known miss (the ones
-# TestIssueTargets asserts); "breaks" names those that fail. The last
+# "guarded" counts the targets without a known miss (TestIssueTargets
+# asserts them on medians over seeds); "breaks" names those that fail. The last
 # columns follow the known misses (Target.Miss in test/bench/targets.go),
 # which the constants move.
 set -euo pipefail

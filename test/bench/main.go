@@ -38,7 +38,14 @@ func main() {
 		record       = flag.String("record-trace", "", "[policy] write the signal trace the optimizer strategy was answered with to this file (test/replay)")
 		targets      = flag.String("targets", "", "measure the quality targets on the scenarios in this directory (see --seeds) and print them")
 		guardedOnly  = flag.Bool("guarded-only", false, "with --targets: skip the targets known to miss (as TestIssueTargets does)")
-		seeds        = flag.String("seeds", "0", "with --targets: comma-separated seeds or ranges (1-8); 0 = each file's own seed")
+		seeds        = flag.String("seeds", "0", "with --targets, --guard or --markdown: comma-separated seeds or ranges (1-8); 0 = each file's own seed")
+		guard        = flag.String("guard", "", "run the regression guard (TestIssueTargets) on the scenarios in this directory over --seeds and print it")
+		baseline     = flag.String("baseline", "test/bench/baseline.json", "with --guard or --markdown: the recorded baseline to compare with")
+		writeBase    = flag.String("write-baseline", "", "with --guard: record the optimizer's p99 per scenario and seed to this file instead of comparing")
+		markdown     = flag.String("markdown", "", "run every scenario of --all over --seeds and write the benchmark documentation (docs/benchmarks.md) to this file")
+		readme       = flag.String("readme", "", "with --markdown: also regenerate the figures between the bench-docs markers of this README")
+		sensitivity  = flag.String("sensitivity", "test/bench/sensitivity.md", "with --markdown: the sensitivity table to include (make bench-sensitivity writes it)")
+		matrixCache  = flag.String("matrix-cache", "", "with --markdown: keep the runs in this file, and read them from it when it exists (to rework the template without rerunning)")
 		speedTilt    = flag.Float64("speed-tilt", -1, "engine SpeedTilt for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		drainTime    = flag.Duration("drain-time", -1, "engine DrainTime for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		minLatency   = flag.String("minimize-latency", "", "engine MinimizeLatency, true or false (sensitivity runs; default: DefaultParams)")
@@ -61,6 +68,55 @@ func main() {
 				p.MinimizeLatency = *minLatency == "true"
 			}
 		}
+	}
+	if *markdown != "" {
+		ss, err := parseSeeds(*seeds)
+		if err != nil {
+			fatal(err)
+		}
+		if *allDir == "" {
+			fatal(fmt.Errorf("--markdown needs --all DIR"))
+		}
+		start := time.Now()
+		if err := writeDocs(*allDir, ss, *parallel, *markdown, *readme, *baseline, *sensitivity, *matrixCache); err != nil {
+			fatal(err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s written from %d seed(s) in %.1fs\n", *markdown, len(ss), time.Since(start).Seconds())
+		return
+	}
+	if *guard != "" {
+		ss, err := parseSeeds(*seeds)
+		if err != nil {
+			fatal(err)
+		}
+		start := time.Now()
+		m, err := runGuardMatrix(*guard, ss, *parallel)
+		if err != nil {
+			fatal(err)
+		}
+		if *writeBase != "" {
+			if err := baselineOf(m).write(*writeBase); err != nil {
+				fatal(err)
+			}
+			checks, err := guardChecks(m, nil)
+			if err != nil {
+				fatal(err)
+			}
+			writeGuard(os.Stdout, checks, medianTargets(m, Targets))
+			fmt.Fprintf(os.Stderr, "bench: baseline of %d scenarios on %d seed(s) written to %s in %.1fs\n", len(m.Files), len(ss), *writeBase, time.Since(start).Seconds())
+			return
+		}
+		base, err := loadBaseline(*baseline)
+		if err != nil {
+			fatal(err)
+		}
+		checks, err := guardChecks(m, base)
+		if err != nil {
+			fatal(err)
+		}
+		writeGuard(os.Stdout, checks, medianTargets(m, Targets))
+		fmt.Fprintf(os.Stderr, "bench: guard on %d seed(s) in %.1fs\n", len(ss), time.Since(start).Seconds())
+		return
 	}
 	if *targets != "" {
 		ss, err := parseSeeds(*seeds)
@@ -269,8 +325,8 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 		hdr += " p99 after event ms | p99.9 after event ms |"
 		sep += "---:|---:|"
 	}
-	hdr += " max/mean util | min/mean util | max queue | publications | converged (cycle) |"
-	sep += "---:|---:|---:|---:|---:|"
+	hdr += " max/mean util | min/mean util | max queue | writes | policy switches | settled (cycle) | writes, switches after settled |"
+	sep += "---:|---:|---:|---:|---:|---:|---:|"
 	fmt.Fprintln(w, hdr)
 	fmt.Fprintln(w, sep)
 	for _, r := range rs {
@@ -282,11 +338,15 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 			}
 			line += fmt.Sprintf(" %s | %s |", ms(v), ms(v9))
 		}
-		conv := "never"
-		if r.ConvergeCycle >= 0 {
-			conv = fmt.Sprintf("%d (%s)", r.ConvergeCycle, time.Duration(r.ConvergeCycle)*sc.Cycle.Duration)
+		settled, after := "-", "-"
+		switch {
+		case r.SettledCycle >= 0:
+			settled = fmt.Sprintf("%d (%s)", r.SettledCycle, time.Duration(r.SettledCycle)*sc.Cycle.Duration)
+			after = fmt.Sprintf("%d, %d", r.WritesAfterSettled, r.SwitchesAfterSettled)
+		case r.Writes > 0:
+			settled = "never"
 		}
-		line += fmt.Sprintf(" %.3f | %.3f | %d | %d | %s |", r.MaxMeanUtil, r.MinMeanUtil, r.MaxQueue, r.Publications, conv)
+		line += fmt.Sprintf(" %.3f | %.3f | %d | %d | %d | %s | %s |", r.MaxMeanUtil, r.MinMeanUtil, r.MaxQueue, r.Writes, r.PolicySwitches, settled, after)
 		fmt.Fprintln(w, line)
 	}
 	fmt.Fprintln(w)

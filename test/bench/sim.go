@@ -19,10 +19,12 @@ import (
 type lbMode uint8
 
 const (
-	lbRR  lbMode = iota // ROUND_ROBIN without weights
-	lbLR                // LEAST_REQUEST without weights (power of two choices)
-	lbWRR               // ROUND_ROBIN with weights (EDF; unweighted when all equal)
-	lbWLR               // LEAST_REQUEST with weights (EDF on weight/(active+1); P2C when all equal)
+	lbRR       lbMode = iota // ROUND_ROBIN without weights
+	lbLR                     // LEAST_REQUEST without weights (power of two choices)
+	lbWRR                    // ROUND_ROBIN with weights (EDF; unweighted when all equal)
+	lbWLR                    // LEAST_REQUEST with weights (EDF on weight/(active+1); P2C when all equal)
+	lbPeakEWMA               // Linkerd: P2C over peak-EWMA latency x (in flight + 1), see anchors.go
+	lbPrequal                // Prequal: probes and the hot-cold lexicographic pick, see anchors.go
 )
 
 // ctlKind is who sets the weights.
@@ -31,6 +33,7 @@ type ctlKind uint8
 const (
 	ctlNone ctlKind = iota
 	ctlOracle
+	ctlBest
 	ctlCSWRR
 	ctlSeedDev
 	ctlSeedMain
@@ -51,6 +54,9 @@ var strategyDefs = []strategyDef{
 	{"lr", lbLR, ctlNone, "Envoy LEAST_REQUEST, equal weights (P2C on the client's own active counts)"},
 	{"wrr_oracle", lbWRR, ctlOracle, "Envoy weighted ROUND_ROBIN (EDF), weights = true capacity"},
 	{"wlr_oracle", lbWLR, ctlOracle, "Envoy weighted LEAST_REQUEST, weight/(active+1), weights = true capacity"},
+	{"oracle_best", lbWRR, ctlBest, "Envoy weighted ROUND_ROBIN, the best static weights: the promise solved with the true capacities and load (M/M/c cost per pod)"},
+	{"linkerd", lbPeakEWMA, ctlNone, "Linkerd's balancer per client: power of two choices over peak-EWMA latency x (requests in flight + 1)"},
+	{"prequal", lbPrequal, ctlNone, "Prequal per client: asynchronous probes of requests in flight and latency, hot-cold lexicographic pick"},
 	{"cswrr", lbWRR, ctlCSWRR, "Envoy client_side_weighted_round_robin, defaults, per-response backend reports"},
 	{"seed_dev", lbWRR, ctlSeedDev, "seed operator, dev rule, ROUND_ROBIN"},
 	{"seed_main", lbWRR, ctlSeedMain, "seed operator, main rule, ROUND_ROBIN"},
@@ -100,6 +106,7 @@ type event struct {
 	arr    float64 // completion: arrival time of the request
 	client int32
 	pod    int32
+	rif    int32 // completion: requests at the pod when it arrived (Prequal)
 	kind   uint8
 }
 
@@ -107,6 +114,7 @@ type queued struct {
 	arr    float64
 	work   float64
 	client int32
+	rif    int32
 }
 
 type promSample struct{ t, cpu, req, latSum, node float64 }
@@ -164,6 +172,8 @@ type simPod struct {
 	// backend load report (cswrr)
 	orcaReqs, orcaCPU float64
 	report            float64 // weight from the last report; 0 = invalid
+
+	lat *prequalLat // latency history by requests in flight (Prequal)
 }
 
 func (p *simPod) advance(now float64) {
@@ -210,6 +220,11 @@ type simClient struct {
 	edf      edf.Scheduler
 	cs       []csHost // cswrr, by pod index
 	csTmp    []float64
+	// Linkerd: peak-EWMA RTT estimate and its last update, by pod index.
+	ewma, ewmaAt []float64
+	// Prequal: the probe pool.
+	pool   []prequalProbe
+	rifTmp []int32
 }
 
 // controller is a central weight publisher.
@@ -287,11 +302,14 @@ type sim struct {
 	switches     int // load-balancer changes (DestinationRule writes)
 	alarms       int // cycles an alarm ran between the regular ones
 	cycleIdx     int
-	convFrom     int
-	modes        map[string]int
-	notes        []string
-	inEvent      bool // a scenario event rebuilds the clients once at its end
-	trace        io.Writer
+	snaps        []shareSnap // weight shares after each cycle
+	// writeCycles and switchCycles: the regular cycle (index) of each weight
+	// change sent to the clients and of each load-balancer change.
+	writeCycles, switchCycles []int
+	modes                     map[string]int
+	notes                     []string
+	inEvent                   bool // a scenario event rebuilds the clients once at its end
+	trace                     io.Writer
 }
 
 const (
@@ -322,7 +340,6 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 		cycleLen:    sc.Cycle.Seconds(),
 		orcaWindow:  sc.ReportWindow.Seconds(),
 		lat:         newHistogram(),
-		convFrom:    -1,
 		modes:       map[string]int{},
 		lb:          def.lb,
 	}
@@ -397,10 +414,24 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 			c.w = s.weights
 		}
 		c.equal = true
+		if def.lb == lbPeakEWMA {
+			c.ewma = make([]float64, s.P)
+			c.ewmaAt = make([]float64, s.P)
+			for j := range c.ewma {
+				c.ewma[j] = linkerdDefaultRTT
+			}
+		}
+	}
+	if def.lb == lbPrequal {
+		for i := range s.pods {
+			s.pods[i].lat = &prequalLat{}
+		}
 	}
 	switch def.ctl {
 	case ctlOracle:
 		s.ctl = &oracleCtl{}
+	case ctlBest:
+		s.ctl = &bestCtl{}
 	case ctlSeedDev:
 		s.ctl = &seedDevCtl{}
 		s.needProm = true
@@ -625,14 +656,18 @@ func (s *sim) arrival(ci int32) {
 	s.arrHash = splitmix(s.arrHash ^ math.Float64bits(t) ^ math.Float64bits(work)*31 ^ uint64(ci)<<48)
 
 	p := s.pick(c, ci)
+	if s.lb == lbPrequal {
+		s.prequalProbe(c)
+	}
 	s.active[int(ci)*s.P+int(p)]++
 	pod := &s.pods[p]
+	rif := s.podRIF(p)
 	if pod.busy < pod.cores {
 		pod.advance(t)
 		pod.busy++
-		s.push(event{t: t + work/pod.speed, kind: evCompletion, client: ci, pod: p, arr: t})
+		s.push(event{t: t + work/pod.speed, kind: evCompletion, client: ci, pod: p, arr: t, rif: rif})
 	} else {
-		pod.enqueue(queued{arr: t, work: work, client: ci})
+		pod.enqueue(queued{arr: t, work: work, client: ci, rif: rif})
 		if t >= s.warmup && pod.qlen() > s.maxQueue {
 			s.maxQueue = pod.qlen()
 		}
@@ -665,6 +700,12 @@ func (s *sim) completion(e event) {
 		}
 	}
 	s.active[int(e.client)*s.P+int(e.pod)]--
+	switch s.lb {
+	case lbPeakEWMA:
+		s.linkerdResponse(e.client, e.pod, t-e.arr)
+	case lbPrequal:
+		pod.lat.add(e.rif, t-e.arr)
+	}
 	if pod.report > 0 && s.def.ctl == ctlCSWRR {
 		ch := &s.clients[e.client].cs[e.pod]
 		if ch.nonEmptySince < 0 {
@@ -676,13 +717,17 @@ func (s *sim) completion(e event) {
 	if pod.qlen() > 0 {
 		x := pod.dequeue()
 		pod.busy++
-		s.push(event{t: t + x.work/pod.speed, kind: evCompletion, client: x.client, pod: e.pod, arr: x.arr})
+		s.push(event{t: t + x.work/pod.speed, kind: evCompletion, client: x.client, pod: e.pod, arr: x.arr, rif: x.rif})
 	}
 }
 
 // pick is the client's load balancer.
 func (s *sim) pick(c *simClient, ci int32) int32 {
 	switch s.lb {
+	case lbPeakEWMA:
+		return s.pickLinkerd(c, ci)
+	case lbPrequal:
+		return s.pickPrequal(c)
 	case lbWRR:
 		if !c.equal {
 			return c.edf.Pick(c.w)
@@ -746,6 +791,7 @@ func (s *sim) setLB(lb lbMode) {
 	}
 	s.lb = lb
 	s.switches++
+	s.switchCycles = append(s.switchCycles, s.cycleIdx)
 	for ci := range s.clients {
 		s.rebuild(int32(ci))
 	}
@@ -763,6 +809,9 @@ func (s *sim) publish(w []float64) {
 			changed = true
 		}
 		s.weights[h] = w[h]
+	}
+	if changed {
+		s.writeCycles = append(s.writeCycles, s.cycleIdx)
 	}
 	if changed && !s.inEvent {
 		for ci := range s.clients {
@@ -787,6 +836,11 @@ func (s *sim) applyEvent(ev *Event) {
 				p := &s.pods[h]
 				p.present = true
 				p.addedAt = s.now
+				for ci := range s.clients {
+					if c := &s.clients[ci]; c.ewma != nil {
+						c.ewma[h], c.ewmaAt[h] = linkerdDefaultRTT, s.now // a new endpoint
+					}
+				}
 				p.cpuT = s.now
 				s.hosts = append(s.hosts, h)
 				s.podTimers(h, s.now)
@@ -997,14 +1051,20 @@ func (s *sim) cswrrUpdate(ci int32) {
 	}
 }
 
-// --- convergence -------------------------------------------------------------
+// --- settling ----------------------------------------------------------------
 
-// sharesWithin: every host's weight share (mean over clients for cswrr) is
-// within tol of its capacity share.
-func (s *sim) sharesWithin(tol float64) bool {
-	capSum := 0.0
-	for _, h := range s.hosts {
-		capSum += float64(s.pods[h].cores) * s.pods[h].speed
+// shareSnap is the weight shares of the hosts at one regular cycle.
+type shareSnap struct {
+	cycle  int
+	hosts  []int32
+	shares []float64
+}
+
+// shares are every host's weight share (mean over clients for cswrr), in
+// host order; nil for strategies that set no weights.
+func (s *sim) shares() []float64 {
+	if s.ctl == nil && s.def.ctl != ctlCSWRR {
+		return nil
 	}
 	share := make([]float64, len(s.hosts))
 	if s.def.ctl == ctlCSWRR {
@@ -1018,33 +1078,66 @@ func (s *sim) sharesWithin(tol float64) bool {
 				share[i] += c.w[h] / sum / float64(len(s.clients))
 			}
 		}
-	} else {
-		sum := 0.0
-		for _, h := range s.hosts {
-			sum += s.weights[h]
-		}
-		for i, h := range s.hosts {
-			share[i] = s.weights[h] / sum
-		}
+		return share
+	}
+	sum := 0.0
+	for _, h := range s.hosts {
+		sum += s.weights[h]
 	}
 	for i, h := range s.hosts {
-		cs := float64(s.pods[h].cores) * s.pods[h].speed / capSum
-		if math.Abs(share[i]/cs-1) > tol {
-			return false
-		}
+		share[i] = s.weights[h] / sum
 	}
-	return true
+	return share
 }
 
+// measureConvergence records the shares after a cycle (or an early one);
+// settledCycle reads them at the end.
 func (s *sim) measureConvergence() {
-	if s.sharesWithin(0.05) {
-		if s.convFrom < 0 {
-			s.convFrom = s.cycleIdx
-		}
-	} else {
-		s.convFrom = -1
+	if sh := s.shares(); sh != nil {
+		s.snaps = append(s.snaps, shareSnap{cycle: s.cycleIdx, hosts: slices.Clone(s.hosts), shares: sh})
 	}
 }
+
+// settleTol is how far (relative) a share may be from the strategy's own
+// final share and count as settled: the 5% of the engine's quality tests.
+const settleTol = 0.05
+
+// settledCycle is the first regular cycle from which every recorded share
+// stays within settleTol of the strategy's own final shares (its targets as
+// far as the run shows them); -1 when it never settles, or for strategies
+// that set no weights.
+func (s *sim) settledCycle() int {
+	if len(s.snaps) == 0 {
+		return -1
+	}
+	final := s.snaps[len(s.snaps)-1]
+	settled := final.cycle
+	for i := len(s.snaps) - 1; i >= 0; i-- {
+		x := s.snaps[i]
+		if !slices.Equal(x.hosts, final.hosts) {
+			break
+		}
+		near := true
+		for k := range x.shares {
+			if math.Abs(x.shares[k]/final.shares[k]-1) > settleTol {
+				near = false
+				break
+			}
+		}
+		if !near {
+			break
+		}
+		settled = x.cycle
+	}
+	if settled > final.cycle-settleCycles {
+		return -1 // still moving near the end: not settled
+	}
+	return settled
+}
+
+// settleCycles: shares must hold for this many cycles before the run's end
+// to count as settled (one is no evidence; two show a repeat).
+const settleCycles = 2
 
 // --- results -----------------------------------------------------------------
 
@@ -1061,13 +1154,21 @@ type StrategyResult struct {
 	PolicySwitches int `json:"policy_switches"`
 	// Alarms: cycles run between the regular ones because Engine.Alarm
 	// rang (optimizer strategies under ROUND_ROBIN).
-	Alarms        int      `json:"alarms"`
-	ConvergeCycle int      `json:"converge_cycle"`
-	MinMeanUtil   float64  `json:"min_mean_util"`
-	MeanMs        float64  `json:"mean_ms"`
-	MaxQueue      int      `json:"max_queue"`
-	P99AfterMs    *float64 `json:"p99_after_event_ms,omitempty"`
-	P999AfterMs   *float64 `json:"p999_after_event_ms,omitempty"`
+	Alarms int `json:"alarms"`
+	// SettledCycle: the first cycle from which every weight share stays
+	// within 5% of the strategy's own final share; -1 never, or no weights.
+	SettledCycle int `json:"settled_cycle"`
+	// Writes: weight changes sent to the clients (ServiceEntry writes);
+	// WritesAfterSettled and SwitchesAfterSettled count those in cycles
+	// after SettledCycle (a calm control plane makes none).
+	Writes               int      `json:"writes"`
+	WritesAfterSettled   int      `json:"writes_after_settled"`
+	SwitchesAfterSettled int      `json:"switches_after_settled"`
+	MinMeanUtil          float64  `json:"min_mean_util"`
+	MeanMs               float64  `json:"mean_ms"`
+	MaxQueue             int      `json:"max_queue"`
+	P99AfterMs           *float64 `json:"p99_after_event_ms,omitempty"`
+	P999AfterMs          *float64 `json:"p999_after_event_ms,omitempty"`
 	// P99PerMinuteMs: p99 of the requests that arrived in each minute
 	// after the warm-up (Scenario.PerMinute).
 	P99PerMinuteMs []float64 `json:"p99_per_minute_ms,omitempty"`
@@ -1093,12 +1194,25 @@ func (s *sim) result(elapsed time.Duration) StrategyResult {
 		Publications:   s.publications,
 		PolicySwitches: s.switches,
 		Alarms:         s.alarms,
-		ConvergeCycle:  s.convFrom,
+		SettledCycle:   s.settledCycle(),
+		Writes:         len(s.writeCycles),
 		Requests:       s.lat.n,
 		ElapsedSec:     elapsed.Seconds(),
 		Arrivals:       s.arrivals,
 		ArrivalHash:    s.arrHash,
 		Notes:          s.notes,
+	}
+	if r.SettledCycle >= 0 {
+		for _, c := range s.writeCycles {
+			if c > r.SettledCycle {
+				r.WritesAfterSettled++
+			}
+		}
+		for _, c := range s.switchCycles {
+			if c > r.SettledCycle {
+				r.SwitchesAfterSettled++
+			}
+		}
 	}
 	if len(s.modes) > 0 {
 		r.Modes = s.modes

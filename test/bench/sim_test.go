@@ -435,7 +435,7 @@ func TestTableAndJSONOutput(t *testing.T) {
 	if err := writeJSON(&b, sc, res); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{`"scenario":`, `"p50_ms":`, `"p99_ms":`, `"p999_ms":`, `"max_mean_util":`, `"publications":`, `"converge_cycle":0`} {
+	for _, k := range []string{`"scenario":`, `"p50_ms":`, `"p99_ms":`, `"p999_ms":`, `"max_mean_util":`, `"publications":`, `"settled_cycle":`, `"writes":2`, `"policy_switches":0`} {
 		if !strings.Contains(b.String(), k) {
 			t.Errorf("json lacks %s: %s", k, b.String())
 		}

@@ -58,12 +58,12 @@ func worstMinute(a, b string) func(map[string]StrategyResult) float64 {
 	}
 }
 
-const (
-	whyWRRSlowdown = "under ROUND_ROBIN the slowed pod is sent 3x what it serves until a scrape shows its latency; the cycle that sees it puts the Service on LEAST_REQUEST at once and halves the pod's weight, 5-20 s after the change by the scrapes' phase: p99.9 0.8-1.3 s on seeds 1, 2, 3 and 6 of 1-8 (mostly where the first scrape after the change shows it), 7-23 s where it is 10-20 s later, with up to ~2000 queued before any data can show it; p99 0.97-1.10x on seeds 1-16 (seed 8 at 1.09995x), so it is not guarded; only a queue-aware balancer (optimizer_lr) avoids the queue"
-	whyCPUOnly     = "without request metrics a backlog cannot be measured and a pod at its limit shows only a bound on its speed; without a limit that limit is read from the node's idle CPU, which is noisy: at 90% load a weight a few percent over a pod's capacity (inside the dead band) is a backlog, drained only once its CPU shows it (0.85-0.98x on seeds 1-8, 0.90-1.06x on 9-16: seed 11 moves between 0.99x and 1.06x with any change to the first cycles)"
-)
+// whyWRRSlowdown is why p99.9 after a sudden slowdown under ROUND_ROBIN
+// is measured, not asserted (the target is withdrawn for ROUND_ROBIN).
+const whyWRRSlowdown = "withdrawn under ROUND_ROBIN: the slowed pod is sent 3x what it serves until a scrape shows its latency, 5-20 s after the change by the scrapes' phase, and the requests queued at it before then set the p99.9 (about 1 s where the first scrape after the change shows it, 7-23 s where it comes 10-20 s later); only a queue-aware balancer (optimizer_lr) avoids that queue"
 
-// Targets are issue 4's and issue 10's goals.
+// Targets are issue 4's and issue 10's goals, judged on their medians
+// over seeds by TestIssueTargets.
 var Targets = []Target{
 	{Name: "hetero3-80: optimizer p99 ≤ 1.0x wrr_oracle", Scenario: "hetero3-80.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.0, Unit: "x"},
@@ -81,7 +81,7 @@ var Targets = []Target{
 	{Name: "slowdown: optimizer p99 after the change ≤ 1.3x the oracle's", Scenario: "slowdown.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.3, Unit: "x"},
 	{Name: "slowdown: optimizer p99 after the change ≤ 1.1x the oracle's", Scenario: "slowdown.yaml",
-		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x", Miss: whyWRRSlowdown},
+		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.1, Unit: "x"},
 	{Name: "slowdown: optimizer p99.9 after the change ≤ 2 s", Scenario: "slowdown.yaml",
 		Strategies: []string{"optimizer"}, Value: p999After("optimizer"), Max: 2000, Unit: "ms", Miss: whyWRRSlowdown},
 	{Name: "slowdown: optimizer_lr p99 after the change ≤ 1.1x the oracle's", Scenario: "slowdown.yaml",
@@ -113,7 +113,7 @@ var Targets = []Target{
 	{Name: "hetero3-80-nolimits: optimizer_cpu p99 ≤ 1.0x wrr_oracle", Scenario: "hetero3-80-nolimits.yaml",
 		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.0, Unit: "x"},
 	{Name: "hetero3-90-nolimits: optimizer_cpu p99 ≤ 1.0x wrr_oracle", Scenario: "hetero3-90-nolimits.yaml",
-		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.0, Unit: "x", Miss: whyCPUOnly},
+		Strategies: []string{"optimizer_cpu", "wrr_oracle"}, Value: p99Ratio("optimizer_cpu", "wrr_oracle"), Max: 1.0, Unit: "x"},
 	// Without node CPU data: request rates and latency still show the
 	// cores; CPU alone shows nothing, and must then be no worse than
 	// what the Service had before (LEAST_REQUEST).
