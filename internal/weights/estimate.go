@@ -27,10 +27,12 @@ type filter struct {
 }
 
 // zSigmas is how many standard deviations make a reading news rather than
-// noise: for a Gaussian, 3 is passed by chance 0.3% of the time, once in
-// three hours of cycles at a 30 s cycle. The same bound judges a jump (twice
-// it), a CUSUM (twice it, with an allowance of one), a backlog and a write.
-const zSigmas = 3
+// noise: for a Gaussian, 4 is passed by chance once in 16 000 draws, once
+// in a week of cycles at a 30 s cycle for each pod, which the heavier tails
+// of overlapping windows and bursts bring to about a day. The same
+// bound judges a jump (twice it), a CUSUM (twice it, with an allowance of
+// one), a backlog and a write.
+const zSigmas = 4
 
 // minNoise is the least noise (log scale) a reading is taken to have, and
 // the noise assumed before any is measured: the rates of one window are
@@ -329,7 +331,10 @@ func (e *Engine) normalize(set []Pod) {
 // speed per core v (relative), and the variance of log capacity.
 type podModel struct {
 	c, v, logVar float64
-	known        bool // the speed is an estimate of its own
+	// settledVar is logVar as it would be were both filters settled: the
+	// variance the publish stage's bar tests the gap against.
+	settledVar float64
+	known      bool // the speed is an estimate of its own
 	// coresKnown: c comes from the pod's limit, estimate or bounds, or
 	// from the median of pods that have one; false when no pod's cores
 	// are known (c is then 1, and the utilisation unknown).
@@ -357,6 +362,7 @@ func (e *Engine) models(set []Pod) []podModel {
 	}
 	unknownVar := 1.0 // a factor of e either way: nothing is known
 	inflation := e.overlapInflation()
+	settledSpeed := e.params.Smoothing * e.noise * e.noise * inflation
 	for i, pod := range set {
 		m := &out[i]
 		logV, varV := typicalSpeed, unknownVar
@@ -367,15 +373,19 @@ func (e *Engine) models(set []Pod) []podModel {
 		}
 		m.v = math.Exp(min(max(logV, -700), 700))
 		m.c, m.logVar, m.coresKnown = typicalCores, varV, coresKnown
+		m.settledVar = min(varV, settledSpeed)
 		if c := e.coresOf(pod); c > 0 {
 			m.c = c
 			if st := e.pods[pod.Name]; !knownCores(pod) && st != nil && st.cores.known {
 				m.logVar += st.cores.v
+				m.settledVar += min(st.cores.v, e.params.Smoothing*max(robustVariance(st.coresResiduals), e.noise*e.noise)*inflation)
 			} else if !knownCores(pod) {
 				m.logVar += unknownVar
+				m.settledVar += unknownVar
 			}
 		} else if coresKnown {
 			m.logVar += unknownVar // the median's cores: a guess next to pods with their own
+			m.settledVar += unknownVar
 		}
 	}
 	return out

@@ -133,16 +133,20 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 // settle turns a proposal into the weights to publish against the
 // reference. With write false, pods that stay keep their reference weights
 // exactly and only new pods get a weight (scaled to the reference);
-// otherwise each weight that stays moves at most MaxStep (in shares).
-func (p Params) settle(set []Pod, ref map[string]uint32, proposal []float64, write bool, stepBound []bool) (map[string]uint32, bool) {
+// otherwise each weight that stays moves at most MaxStep (in shares), and
+// the pods in fixed (no data) keep their reference weights exactly, the
+// others written in the reference's units.
+func (p Params) settle(set []Pod, ref map[string]uint32, proposal []float64, write bool, fixed []bool) (map[string]uint32, bool) {
 	n := len(set)
 	refSum, propSum := 0.0, 0.0
 	common := 0
+	anyFixed := false
 	for i, pod := range set {
 		if w, ok := ref[pod.Name]; ok {
 			refSum += float64(w)
 			propSum += proposal[i]
 			common++
+			anyFixed = anyFixed || (fixed != nil && fixed[i])
 		}
 	}
 	scale := 1.0
@@ -152,12 +156,17 @@ func (p Params) settle(set []Pod, ref map[string]uint32, proposal []float64, wri
 	if write {
 		factor := 1 + p.MaxStep
 		for i, pod := range set {
-			if w, ok := ref[pod.Name]; ok && (stepBound == nil || stepBound[i]) {
+			if w, ok := ref[pod.Name]; ok {
 				was := float64(w) * scale
 				proposal[i] = min(max(proposal[i], was/factor), was*factor)
 			}
 		}
 		clampRatio(proposal, p.MaxRatio)
+		if anyFixed {
+			for i := range proposal {
+				proposal[i] /= scale
+			}
+		}
 	}
 	perPodCap := uint32(maxWeightSum / uint64(max(n, 1)))
 	out := make(map[string]uint32, n)
@@ -166,10 +175,10 @@ func (p Params) settle(set []Pod, ref map[string]uint32, proposal []float64, wri
 		w, ok := ref[pod.Name]
 		var v uint32
 		switch {
+		case ok && (!write || (fixed != nil && fixed[i])):
+			v = w
 		case write:
 			v = roundWeight(proposal[i])
-		case ok:
-			v = w
 		default:
 			v = roundWeight(proposal[i] / scale)
 		}

@@ -13,7 +13,9 @@ import (
 func TestRestartFromSnapshotKeepsSteadyWeights(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
 		l := newClosedLoop(t, loopConfig{speeds: hetero12(), load: 0.7, cpuNoise: 0.2, uniform: true, seed: seed})
-		for range 40 {
+		// Long enough for the first rough writes to be refined (see
+		// TestSteadyStateIgnoresNoise).
+		for range 200 {
 			l.step()
 		}
 		l.writes = 0

@@ -106,9 +106,14 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	proposal := e.params.proposalFrom(now, set, x)
 
 	// Publish.
+	// The bar asks whether the gap between the live weights and the
+	// targets could be noise, were nothing changed: the null variance is
+	// that of a settled estimate (Smoothing of a reading's, the windows'
+	// overlap included), not the wider one of a filter that has just
+	// restarted on a change the CUSUM or jump test already found.
 	logVar := make([]float64, len(set))
 	for i, m := range models {
-		logVar[i] = m.logVar
+		logVar[i] = m.settledVar
 	}
 	// How far one standard deviation of the load moves the targets.
 	var loadShift []float64
@@ -128,7 +133,11 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	if e.unapplied {
 		write = write || !equalShares(e.last, ref)
 	}
-	weights, changed := e.params.settle(set, ref, proposal, write, nil)
+	fixed := make([]bool, len(set))
+	for i, d := range dp {
+		fixed[i] = d.fixed
+	}
+	weights, changed := e.params.settle(set, ref, proposal, write, fixed)
 	mode := ModeOptimizing
 	if !write {
 		mode = ModeSteady
@@ -151,7 +160,9 @@ func (e *Engine) decidePods(set []Pod, models []podModel, c cycleReadings, refSh
 			d.fixed, d.x = true, refShares[i]*load
 		}
 		st := e.pods[pod.Name]
-		d.overloaded = st != nil && (st.backlog > 0 || st.hot)
+		// With request rates a backlog is measured; with CPU alone being
+		// at its limit is all that shows a pod behind.
+		d.overloaded = st != nil && (st.backlog > 0 || (st.hot && !c.fromRequests))
 		if st != nil && st.backlog > 0 && drain > 0 && st.capRate > 0 && !d.fixed {
 			owed := min(st.backlog/drain/st.capRate, 1-1/(e.params.MaxRatio*e.params.MaxRatio))
 			d.v *= 1 - owed
@@ -253,7 +264,7 @@ func (e *Engine) unavailable(now time.Time, set []Pod, why Reason) Result {
 		return e.hold(now, set, mode, []Reason{why})
 	}
 	reasons := []Reason{why, {Code: ReasonExpired, Until: down}}
-	w, changed := e.params.settle(set, e.reference(), e.params.proposalFrom(now, set, nil), true, []bool{})
+	w, changed := e.params.settle(set, e.reference(), e.params.proposalFrom(now, set, nil), true, nil)
 	return e.finish(set, ModeFallback, w, changed, reasons)
 }
 
