@@ -84,7 +84,7 @@ func (st *podState) noteLatency(r reading) {
 	}
 	st.latency = r.latency
 	if r.recentLatency > 0 {
-		st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16)
+		st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
 	}
 }
 

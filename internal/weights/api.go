@@ -162,7 +162,7 @@ const (
 // Result is one cycle's outcome.
 type Result struct {
 	Weights  map[string]uint32 // by Pod.Name, every pod of the set, each >= 1
-	Changed  bool              // a weight moved past the dead band, or the set changed
+	Changed  bool              // new weights were worth a write (see publish.go), or the set changed
 	Mode     Mode
 	Capacity map[string]float64 // current capacity estimate per pod (relative units)
 	Message  string             // human-readable explanation for status, rendered from Reasons

@@ -223,8 +223,10 @@ func warming(p Params, pod Pod, now time.Time) bool {
 // window of steady share, the cores its queue shows: with u busy cores, s =
 // u/requests CPU-seconds per request and mean latency L, the wait over the
 // service time (L-s)/s is what an M/M/c queue of c cores shows at u busy
-// cores, ErlangC(c, u)/(c-u). A wait below minWaitRatio of the service
-// time only says the pod has at least the cores that would show that much.
+// cores, ErlangC(c, u)/(c-u). A wait within the readings' noise of the
+// service time only says the pod has at least the cores that would show
+// that much: the latency and CPU series are scraped apart, and cannot tell
+// less from noise.
 func readCores(set []Pod, c *cycleReadings, noise float64) {
 	for i, pod := range set {
 		r := &c.pods[i]
@@ -244,15 +246,10 @@ func readCores(set []Pod, c *cycleReadings, noise float64) {
 		}
 		hi = max(hi, lo)
 		perRequest := r.cpu / r.requests
-		wait := max(r.latency/perRequest-1, minWaitRatio)
+		wait := max(r.latency/perRequest-1, noise, minNoise)
 		r.cores = min(max(coresForWait(r.cpu, wait, hi), lo), hi)
 	}
 }
-
-// minWaitRatio is the least wait, relative to the CPU time per request,
-// taken as measured: the latency and CPU series are scraped apart, and a
-// 2% difference between them is within what that misalignment shows.
-const minWaitRatio = 0.02
 
 // coresForWait solves ErlangC(c, a)/(c-a) = wait for c in (a, hi]: the
 // cores of a pod that, busy a cores on average, makes requests wait wait
