@@ -130,7 +130,8 @@ type Observation struct {
 	Early bool
 	// Balancer is the load balancer the clients ran over the query window,
 	// as the policy that writes the DestinationRule knows it; "" = unknown
-	// (the engine then assumes its weights were followed). Under
+	// (the engine then assumes the operator's default: LEAST_REQUEST until
+	// a result is Learned, ROUND_ROBIN after). Under
 	// LEAST_REQUEST traffic does not follow the weights, so sent minus
 	// served measures no backlog; the latency still does.
 	Balancer Balancer

@@ -37,7 +37,18 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	cpuWindowsValid := e.appliedSince.IsZero() || !now.Add(-e.params.horizon()).Before(e.appliedSince)
 	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid)
 	readCores(set, &c, e.noise)
-	followsWeights := obs.Balancer != BalancerLeastRequest && e.liveKnown && !e.unapplied
+	// Traffic follows the weights under ROUND_ROBIN over the engine's own
+	// live weights. A caller that does not say which balancer ran is taken
+	// to run the operator's default: LEAST_REQUEST until a result is
+	// Learned, ROUND_ROBIN after.
+	balancer := obs.Balancer
+	if balancer == "" {
+		balancer = BalancerLeastRequest
+		if e.lastLearned {
+			balancer = BalancerRoundRobin
+		}
+	}
+	followsWeights := balancer == BalancerRoundRobin && e.liveKnown && !e.unapplied
 	mem := make([]backlogMemory, len(set))
 	for i, pod := range set {
 		if st := e.pods[pod.Name]; st != nil {
