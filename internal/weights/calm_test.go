@@ -325,3 +325,35 @@ func TestReasonsAreTyped(t *testing.T) {
 		}
 	}
 }
+
+// Failed queries hold the weights until Expiry, then every pod gets the
+// same weight at once (Fallback), and the weights return when data does.
+func TestExpiryFallsBackToEqualWeights(t *testing.T) {
+	s := newService(t, true, 0.7, 0)
+	s.converge(20)
+	learned := maps.Clone(s.live)
+	for k := 0; ; k++ {
+		s.now = s.now.Add(30 * time.Second)
+		res := s.apply(s.e.Update(s.pods, Observation{Time: s.now, Err: fmt.Errorf("backend down")}))
+		if s.now.Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(20*30*time.Second)) <= DefaultParams().Expiry {
+			if res.Mode != ModeHolding || !maps.Equal(res.Weights, learned) {
+				t.Fatalf("cycle %d within expiry: mode %s weights %v, want the learned ones held", k+1, res.Mode, res.Weights)
+			}
+			continue
+		}
+		if res.Mode != ModeFallback {
+			t.Fatalf("past expiry: mode %s", res.Mode)
+		}
+		for name, w := range res.Weights {
+			if w != DefaultParams().MeanWeight {
+				t.Fatalf("past expiry: %s has %d, want equal weights", name, w)
+			}
+		}
+		break
+	}
+	s.step()
+	res := s.step()
+	if res.Mode == ModeFallback || maps.Equal(s.live, equalOver(s.pods)) {
+		t.Fatalf("data back, still %s with %v", res.Mode, s.live)
+	}
+}

@@ -275,8 +275,9 @@ func (e *Engine) unavailable(now time.Time, set []Pod, why Reason) Result {
 		return e.hold(now, set, mode, []Reason{why})
 	}
 	reasons := []Reason{why, {Code: ReasonExpired, Until: down}}
-	w, changed := e.params.settle(set, e.reference(), e.params.proposalFrom(now, set, nil), true, nil)
-	return e.finish(set, ModeFallback, w, changed, reasons)
+	// Equal weights at once: no step bound holds a fallback back.
+	w, _ := e.params.settle(set, nil, e.params.proposalFrom(now, set, nil), true, nil)
+	return e.finish(set, ModeFallback, w, !equalShares(w, e.reference()), reasons)
 }
 
 // hold keeps the live weights; pods that joined get their estimate's.
