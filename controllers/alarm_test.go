@@ -18,6 +18,7 @@ import (
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
 
@@ -259,7 +260,8 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	// Its windows are from before the slowdown and show web-2 keeping up;
 	// only the recent latency shows it behind. The Service goes to
 	// LEAST_REQUEST until they cover the change.
-	if weightsLearned(out, true, nil) || !strings.Contains(out.Result.Message, "rose past the alarm (web-2 first)") {
+	behind, named := weights.Has(out.Result.Reasons, weights.ReasonBacklog)
+	if weightsLearned(out, true, nil) || !named || !slices.Contains(behind.Pods, "web-2") {
 		t.Errorf("the alarm's cycle: learned %v, %q; want not Learned (LEAST_REQUEST), naming web-2", out.Result.Learned, out.Result.Message)
 	}
 	if got := testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")); got != 1 {
