@@ -110,8 +110,9 @@ type Signal struct {
 	// a pod on it is never at 0) or no data = unknown.
 	NodeCPU float64
 	// RecentCPU is the pod's CPU over the last two scrape intervals, in
-	// cores. Accepted and not used: a pod that just reached its limit shows
-	// in its recent latency (RecentLatency) no later, and as a backlog.
+	// cores. A pod that has just reached its CPU limit shows it here a
+	// cycle before the window's rate does (see readRecentCPU). Optional; 0
+	// or no data = unknown.
 	RecentCPU float64
 	// RecentLatency is Latency over the last two scrape intervals, for
 	// Engine.Alarm between cycles and, in Update, a backlog by Little's law

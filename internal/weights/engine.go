@@ -76,6 +76,9 @@ type podState struct {
 	// log(recent/window) while it kept up (see Alarm).
 	latency       float64
 	latencyRatios []float64
+	// recentRatios: the pod's last log(recent CPU / window CPU) while
+	// below its limit (see readRecentCPU).
+	recentRatios []float64
 }
 
 // backlogPoint is a pod's backlog (requests) at a cycle.

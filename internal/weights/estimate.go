@@ -79,8 +79,9 @@ func (f *filter) update(lo, hi, r, corr float64, p Params) bool {
 // censor folds a reading that only bounds the estimate from above (log
 // bound b of variance r): the mean of a Gaussian prior truncated at the
 // bound (the Tobit update). One already below the bound is not moved. A
-// bound far below the estimate (zSigmas, or a CUSUM of them) says the pod
-// changed by an unknown amount at least that gap: the filter restarts as
+// bound below the estimate by more than zSigmas of a reading's noise (or a
+// CUSUM of smaller gaps) says the pod changed by an unknown amount at least
+// that gap: the filter restarts as
 // far below the bound as the estimate was above it, with that gap as its
 // standard deviation, so the next readings settle it (a backoff, as TCP's
 // on a loss).
@@ -94,7 +95,7 @@ func (f *filter) censor(b, r float64, p Params) {
 	alpha := (b - f.m) / s
 	gap := f.m - b
 	f.down = max(0, f.down-min(alpha, 0)-1)
-	if -alpha > 2*zSigmas || f.down > 2*zSigmas {
+	if gap > zSigmas*math.Sqrt(r) || f.down > 2*zSigmas {
 		gap = max(gap, math.Sqrt(r))
 		f.m, f.v, f.n, f.up, f.down = b-gap, gap*gap, 0, 0, 0
 		return

@@ -16,6 +16,7 @@ type reading struct {
 	cpu, requests, latency          float64
 	hasCPU, hasRequests, hasLatency bool
 	recentLatency                   float64 // 0 = unknown
+	recentCPU                       float64 // 0 = unknown
 	nodeCPU                         float64 // 0 = unknown
 
 	// limit is the most CPU the pod could use this window: its Cores, else
@@ -104,6 +105,9 @@ func readSignals(set []Pod, obs map[string]Signal) cycleReadings {
 		if usable(raw.RecentLatency) {
 			r.recentLatency = raw.RecentLatency
 		}
+		if usable(raw.RecentCPU) {
+			r.recentCPU = raw.RecentCPU
+		}
 		if r.hasCPU && r.cpu > 0 && r.hasRequests && r.requests > 0 {
 			withRequests++
 		}
@@ -116,6 +120,34 @@ func readSignals(set []Pod, obs map[string]Signal) cycleReadings {
 	for i := range out.pods {
 		r := &out.pods[i]
 		r.saturated = r.hasCPU && r.limit > 0 && r.cpu >= saturatedUse*r.limit
+	}
+	return out
+}
+
+// readRecentCPU marks as saturated the pods whose CPU over the last two
+// scrape intervals (Signal.RecentCPU) is at their limit and stands out of
+// the window's by zSigmas of how the two usually differ for that pod
+// (ratios: its last |log(recent/window)| while below its limit): a pod that
+// just reached its limit shows it there a cycle before the window does,
+// while one serving few, long requests reaches it over two scrapes by
+// chance now and then. It returns each pod's ratio to remember, NaN for
+// none.
+func readRecentCPU(c *cycleReadings, ratios [][]float64) []float64 {
+	out := make([]float64, len(c.pods))
+	for i := range c.pods {
+		r := &c.pods[i]
+		out[i] = math.NaN()
+		if !r.hasCPU || !(r.cpu > 0) || !(r.recentCPU > 0) || !(r.limit > 0) {
+			continue
+		}
+		d := math.Log(r.recentCPU / r.cpu)
+		if !r.saturated {
+			out[i] = d
+		}
+		if len(ratios[i]) >= 3 && r.recentCPU >= saturatedUse*r.limit && d > zSigmas*math.Sqrt(robustVariance(ratios[i])) {
+			r.saturated = true
+			r.cpu = max(r.cpu, r.recentCPU) // its share per CPU now bounds its speed
+		}
 	}
 	return out
 }

@@ -33,6 +33,18 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 
 	// Observe.
+	prior := make([][]float64, len(set))
+	for i, pod := range set {
+		if st := e.pods[pod.Name]; st != nil {
+			prior[i] = st.recentRatios
+		}
+	}
+	for i, d := range readRecentCPU(&c, prior) {
+		if !math.IsNaN(d) {
+			st := e.state(set[i].Name)
+			st.recentRatios = appendCapped(st.recentRatios, d, e.params.memory())
+		}
+	}
 	segs := e.segments(now, set)
 	cpuWindowsValid := e.appliedSince.IsZero() || !now.Add(-e.params.horizon()).Before(e.appliedSince)
 	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid)
