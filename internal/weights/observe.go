@@ -130,7 +130,10 @@ func readSignals(set []Pod, obs map[string]Signal) cycleReadings {
 // (ratios: its last |log(recent/window)| while below its limit): a pod that
 // just reached its limit shows it there a cycle before the window does,
 // while one serving few, long requests reaches it over two scrapes by
-// chance now and then. It returns each pod's ratio to remember, NaN for
+// chance now and then. The bar is half a reading's (zSigmas/2): the pod is
+// at its limit besides, and the costs are lopsided, a false alarm one cycle
+// of LEAST_REQUEST and a drop of the pod's estimate the next reading
+// undoes, a miss a queue of a window's excess traffic. It returns each pod's ratio to remember, NaN for
 // none.
 func readRecentCPU(c *cycleReadings, ratios [][]float64) []float64 {
 	out := make([]float64, len(c.pods))
@@ -144,7 +147,7 @@ func readRecentCPU(c *cycleReadings, ratios [][]float64) []float64 {
 		if !r.saturated {
 			out[i] = d
 		}
-		if len(ratios[i]) >= 3 && r.recentCPU >= saturatedUse*r.limit && d > zSigmas*math.Sqrt(robustVariance(ratios[i])) {
+		if len(ratios[i]) >= 3 && r.recentCPU >= saturatedUse*r.limit && d > zSigmas/2*math.Sqrt(robustVariance(ratios[i])) {
 			r.saturated = true
 			r.cpu = max(r.cpu, r.recentCPU) // its share per CPU now bounds its speed
 		}
