@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"flag"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -260,7 +261,8 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	// Its windows are from before the slowdown and show web-2 keeping up;
 	// only the recent latency shows it behind. The Service goes to
 	// LEAST_REQUEST until they cover the change.
-	if out.Balancer != weights.BalancerLeastRequest || !strings.Contains(out.Result.Message, "rose past the alarm (web-2 first)") {
+	behind, named := weights.Has(out.Result.Reasons, weights.ReasonBacklog)
+	if out.Balancer != weights.BalancerLeastRequest || !named || !slices.Contains(behind.Pods, "web-2") {
 		t.Errorf("the alarm's cycle: learned %v, %q; want not Learned (LEAST_REQUEST), naming web-2", out.Result.Learned, out.Result.Message)
 	}
 	if got := testutil.ToFloat64(loop.Metrics.Alarms.WithLabelValues("ns", "web")); got != 1 {

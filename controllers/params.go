@@ -46,14 +46,14 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&d.Cycle, "default-cycle", d.Cycle, "How often weights are recomputed (spec.optimization.cycle).")
 	fs.DurationVar(&d.Params.QueryWindow, "default-query-window", d.Params.QueryWindow, "Range of rate() in the queries (spec.optimization.query_window).")
 	fs.DurationVar(&d.Params.ScrapeInterval, "default-scrape-interval", d.Params.ScrapeInterval, "Scrape interval of the pods' metrics (spec.optimization.scrape_interval).")
-	fs.Float64Var(&d.Params.DeadBand, "default-dead-band", d.Params.DeadBand, "Relative weight change below which nothing is written (spec.optimization.dead_band_percent / 100).")
+	fs.Float64Var(&d.Params.DeadBand, "default-dead-band", d.Params.DeadBand, "Cost of a write: weights are written when they save more than its square of the request time, beyond the estimates' noise (spec.optimization.dead_band_percent / 100).")
 	fs.Float64Var(&d.Params.MaxStep, "default-max-step", d.Params.MaxStep, "Largest relative move of one weight per cycle (spec.optimization.max_step_percent / 100).")
 	fs.Float64Var(&d.Params.MaxRatio, "default-max-weight-ratio", d.Params.MaxRatio, "Weights stay within mean/ratio and mean*ratio (spec.optimization.max_weight_ratio).")
 	fs.Float64Var(&d.Params.Smoothing, "default-smoothing", d.Params.Smoothing, "Share of a new capacity observation in the running estimate (spec.optimization.smoothing_percent / 100).")
 	fs.Float64Var(&d.Params.MinCPU, "default-min-cpu", d.Params.MinCPU, "Mean CPU cores per pod below which weights are held (spec.optimization.min_cpu_millicores / 1000).")
 	fs.DurationVar(&d.Params.SlowStart, "default-slow-start", d.Params.SlowStart, "Ramp-up of a new pod's weight (spec.optimization.slow_start).")
 	fs.DurationVar(&d.Params.DrainTime, "default-drain-time", d.Params.DrainTime, "Time within which a pod's backlog should clear; it gets less traffic until then (spec.optimization.drain_time).")
-	fs.Float64Var(&d.Params.SpeedTilt, "default-speed-tilt", d.Params.SpeedTilt, "Exponent of speed in weight = capacity x speed^tilt (spec.optimization.speed_tilt_percent / 100).")
+	fs.Float64Var(&d.Params.SpeedTilt, "default-speed-tilt", d.Params.SpeedTilt, "Accepted for compatibility; no effect (spec.optimization.speed_tilt_percent).")
 	fs.DurationVar(&d.Params.Expiry, "default-weight-expiry", d.Params.Expiry, "How long the last good weights are held while metrics fail (spec.optimization.weight_expiry).")
 	fs.BoolVar(&d.Params.PoolByHardware, "default-share-by-hardware", d.Params.PoolByHardware, "Share capacity estimates between pods on the same node instance type (spec.optimization.share_by_hardware).")
 	fs.StringVar(&d.CPUQuery, "default-cpu-query", d.CPUQuery, "PromQL template of per-pod CPU cores (spec.optimization.cpu_query).")
@@ -170,9 +170,8 @@ func settingsFor(opt *optv1.IstioAdaptiveRequestOptimizer, d EngineDefaults) (Se
 		}
 		duration(o.SlowStart, &s.Params.SlowStart)
 		duration(o.DrainTime, &s.Params.DrainTime)
-		if o.SpeedTiltPercent != nil {
-			s.Params.SpeedTilt = float64(*o.SpeedTiltPercent) / 100
-		}
+		// speed_tilt_percent is accepted and has no effect: the engine's
+		// one objective leans to faster pods by itself.
 		duration(o.WeightExpiry, &s.Params.Expiry)
 		if o.ShareByHardware != nil {
 			s.Params.PoolByHardware = *o.ShareByHardware

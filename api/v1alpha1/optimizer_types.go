@@ -131,29 +131,34 @@ type Optimization struct {
 	// +optional
 	ScrapeInterval *Duration `json:"scrape_interval,omitempty"`
 
-	// dead_band_percent: a weight that would move by less than this percent
-	// (plus the noise the engine measures) is left alone, so noise causes no
-	// ServiceEntry writes. It is narrowed above 70% load, to half from about
-	// 82%, where a weight a few percent high is a queue.
+	// dead_band_percent is the cost of a ServiceEntry write: new weights are
+	// written only when the request time they are predicted to save beats
+	// (dead_band_percent/100)² of it plus what the estimates' own noise could
+	// show, so noise causes no writes. Near full load, where a weight a few
+	// percent high is a queue, a smaller gap is worth a write.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional
 	DeadBandPercent *int64 `json:"dead_band_percent,omitempty"`
 
-	// max_step_percent bounds how far one weight may move in one cycle.
+	// max_step_percent bounds how far one weight may move in one write, so
+	// one bad reading cannot swing the traffic.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000
 	// +optional
 	MaxStepPercent *int64 `json:"max_step_percent,omitempty"`
 
-	// max_weight_ratio keeps every weight within [mean/ratio, mean*ratio].
+	// max_weight_ratio keeps every weight within [mean/ratio, mean*ratio]
+	// (gRPC clients clip weights at 0.1x-10x of the mean).
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	MaxWeightRatio *int64 `json:"max_weight_ratio,omitempty"`
 
-	// smoothing_percent is the share of a new capacity estimate in the
-	// running estimate (100 = no smoothing).
+	// smoothing_percent is the share of a new reading in a settled capacity
+	// estimate (100 = no smoothing); after a change the estimate restarts
+	// and averages its first readings plainly until their share falls to
+	// this.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional
@@ -171,17 +176,15 @@ type Optimization struct {
 	SlowStart *Duration `json:"slow_start,omitempty"`
 
 	// drain_time: a pod that fell behind (served fewer requests than it was
-	// sent) gets less than its capacity until its backlog would clear within
-	// this time.
+	// sent, or its latency shows a queue) owes its backlog: it is sent its
+	// capacity less the backlog over this time, and no more than it has,
+	// until the backlog clears.
 	// +optional
 	DrainTime *Duration `json:"drain_time,omitempty"`
 
-	// speed_tilt_percent bends weights from plain capacity shares toward
-	// faster pods (capacity x speed^(tilt/100)); a little tilt lowers tail
-	// latency on unlike hardware. 0 gives pods of one core count equal
-	// utilisation once the Service is above 60% load (below it, and for
-	// pods of unlike core counts at any load, the weights also minimise
-	// queueing: see the README's "Weights").
+	// speed_tilt_percent is accepted for compatibility and has no effect:
+	// the weights minimise the Service's expected request time, which leans
+	// to faster pods below full load by itself (see the README's "Weights").
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional

@@ -15,18 +15,23 @@ type Params struct {
 	// weight change inside the window cannot be mistaken for a capacity
 	// change. 0 means the rate covers exactly the query window.
 	ScrapeInterval time.Duration
-	// DeadBand is the relative change (0.05 = 5%) below which a weight is not
-	// updated. The engine adds the noise it measures in its own estimates,
-	// so noisy metrics widen it rather than cause writes.
+	// DeadBand is the cost of a write, as a relative weight error (0.05 =
+	// 5%): new weights are written only when the request time they are
+	// predicted to save beats what targets each DeadBand off, plus the
+	// estimates' own uncertainty, would cost (see publish.go). Every write
+	// is an xDS push to every client sidecar.
 	DeadBand float64
-	// MaxStep bounds the relative move of one weight in one cycle (1.0 = may double or halve).
+	// MaxStep bounds the relative move of one weight in one write (1.0 =
+	// may double or halve), so one bad reading cannot swing the traffic.
 	MaxStep float64
-	// MaxRatio keeps every weight within [mean/MaxRatio, mean*MaxRatio].
+	// MaxRatio keeps every weight within [mean/MaxRatio, mean*MaxRatio]:
+	// gRPC clients clip weights at 0.1x-10x of the mean.
 	MaxRatio float64
-	// Smoothing is the share of a new capacity estimate in the running
-	// estimate (1 = none). It is the floor: after a change, the first
-	// observations are averaged plainly (1/2, 1/3, ...) until their share
-	// falls to Smoothing; a change that persists restarts the average.
+	// Smoothing is the share of a new reading in a settled estimate (1 =
+	// none): the random walk each estimate's filter assumes. After a change
+	// the filter's variance is raised and the first readings are averaged
+	// plainly (1/2, 1/3, ...) until their share falls to Smoothing. 1/Smoothing
+	// is also how many cycles the noise and residual histories remember.
 	Smoothing float64
 	// MinCPU (cores per pod, mean over pods with data): below it weights are
 	// held, since idle pods' CPU is mostly overhead, not work.
@@ -38,44 +43,30 @@ type Params struct {
 	Expiry time.Duration
 	// PoolByHardware shares capacity estimates between pods of one HardwareClass.
 	PoolByHardware bool
-	// SpeedTilt bends weights from plain capacity shares towards faster
-	// pods: a pod's weight is its capacity times its speed per core
-	// (relative to the other pods) to the power SpeedTilt. Capacity shares
-	// equalise utilisation, but a request on a slow pod takes longer at the
-	// same utilisation, so the slowest pods set the tail; a small tilt
-	// lowers p99 at every load. 0 = no tilt (capacity shares, but for
-	// MinimizeLatency's departures from them). With the default
-	// 0.03, pods of speeds 1 : 0.35 get shares about 1% above and 2% below
-	// their capacity shares.
-	SpeedTilt float64
-	// MinimizeLatency: while the Service has room to spare (in full below
-	// 40% of its capacity, blended away by 60%), split the traffic to
-	// minimise the mean time of a request rather than to
-	// equalise utilisation: a pod's weight is the traffic at which its
-	// marginal cost (its time per request, queue included, as an M/M/c
-	// queue of its cores and speed would have it) is the same as every
-	// other pod's. At low load this sends more to the faster pods; near
-	// full load it tends to capacity shares. Above the split's range,
-	// pods of unlike cores get unlike utilisations, the many-core ones
-	// fuller, since their queues are shorter at one utilisation
-	// (queueUtilisations; with CPU alone, only when every pod has a CPU
-	// limit);
-	// pods of one core count keep capacity shares. It needs the pods' CPU
-	// data; SpeedTilt applies when it does not (see split.go). false =
-	// capacity shares (tilted by SpeedTilt) at every load.
-	MinimizeLatency bool
-	// DrainTime: a pod with a backlog (requests served below those sent to
-	// it, or its CPU at its Cores limit) is weighted below its capacity, so
-	// that the backlog would clear within DrainTime, as far as the other
-	// pods have room; when it has cleared, the pod gets its capacity weight
-	// back. Without it a backlog drains only at the spare capacity left at
-	// capacity shares, which at high load takes minutes. Backlogs are
-	// measured from request rates, so this needs them. 0 = off.
+	// Retired holds settings whose engine meaning is gone; they are
+	// accepted and have no effect.
+	Retired
+	// DrainTime: a backlog (requests queued beyond a pod's usual queue) is
+	// capacity the pod owes: while it drains, the solver takes its capacity
+	// as its own minus the backlog over DrainTime, and sends it no more than
+	// it has now. Without it a backlog drains only at the spare capacity
+	// left at capacity shares, which at high load takes minutes. Backlogs
+	// are measured from request rates and latency. 0 = off.
 	DrainTime time.Duration
-	// MeanWeight is the mean weight the engine scales to. MeanWeight/MaxRatio
+	// MeanWeight is the mean weight the engine scales to, fine enough that
+	// rounding to integers moves no share by more than a percent. MeanWeight/MaxRatio
 	// must be at least 10 (rounding) and MeanWeight*MaxRatio*4096 below
 	// 2^32-1 (sums per locality).
 	MeanWeight uint32
+}
+
+// Retired are Params fields kept so that configurations that set them
+// still load; they have no effect. SpeedTilt and MinimizeLatency bent
+// capacity shares towards faster pods and blended a latency-minimising
+// split in below 60% load: the one solver does both (see decide.go).
+type Retired struct {
+	SpeedTilt       float64
+	MinimizeLatency bool
 }
 
 // Pod is one endpoint of the current endpoint set.
@@ -118,17 +109,14 @@ type Signal struct {
 	// its own CPU plus what its node leaves idle. Optional; 0 (a node with
 	// a pod on it is never at 0) or no data = unknown.
 	NodeCPU float64
-	// RecentCPU is the pod's CPU over the last moments of the window, in
-	// cores: a rate over two scrape intervals (the shortest Prometheus'
-	// rate() can take). A pod that has just reached its CPU limit shows
-	// it here a cycle before the window's rate does, so it is drained and
-	// LEAST_REQUEST steers around its queue that much sooner. Optional;
-	// 0 or no data = unknown.
+	// RecentCPU is the pod's CPU over the last two scrape intervals, in
+	// cores. A pod that has just reached its CPU limit shows it here a
+	// cycle before the window's rate does (see readRecentCPU). Optional; 0
+	// or no data = unknown.
 	RecentCPU float64
 	// RecentLatency is Latency over the last two scrape intervals, for
-	// Engine.Alarm between cycles; in Update, a pod whose recent latency
-	// rings the alarm keeps Learned false for a while (see noteSuspects).
-	// Optional; 0 or no data = unknown.
+	// Engine.Alarm between cycles and, in Update, a backlog by Little's law
+	// (see readBacklogs). Optional; 0 or no data = unknown.
 	RecentLatency float64
 }
 
@@ -143,7 +131,10 @@ type Observation struct {
 	Early bool
 	// Balancer is the load balancer the clients ran over the query window,
 	// as the policy that writes the DestinationRule knows it; "" = unknown
-	// (the engine then assumes its weights were followed).
+	// (the engine then assumes the operator's default: LEAST_REQUEST until
+	// a result is Learned, ROUND_ROBIN after). Under
+	// LEAST_REQUEST traffic does not follow the weights, so sent minus
+	// served measures no backlog; the latency still does.
 	Balancer Balancer
 }
 
@@ -162,8 +153,8 @@ const (
 type Mode string
 
 const (
-	ModeOptimizing Mode = "Optimizing" // weights follow capacity estimates
-	ModeSteady     Mode = "Steady"     // estimates inside the dead band; nothing moved
+	ModeOptimizing Mode = "Optimizing" // new weights written: their gain beat the bar
+	ModeSteady     Mode = "Steady"     // the gain did not beat the bar; nothing moved
 	ModeLowLoad    Mode = "LowLoad"    // too little CPU to learn from; weights held
 	ModeHolding    Mode = "Holding"    // query failed; last good weights held
 	ModeFallback   Mode = "Fallback"   // failures past Expiry; equal weights
@@ -173,10 +164,12 @@ const (
 // Result is one cycle's outcome.
 type Result struct {
 	Weights  map[string]uint32 // by Pod.Name, every pod of the set, each >= 1
-	Changed  bool              // a weight moved past the dead band, or the set changed
+	Changed  bool              // new weights were worth a write (see publish.go), or the set changed
 	Mode     Mode
 	Capacity map[string]float64 // current capacity estimate per pod (relative units)
-	Message  string             // human-readable explanation for status
+	Message  string             // human-readable explanation for status, rendered from Reasons
+	// Reasons says why, as typed codes with parameters (see ReasonCode).
+	Reasons []Reason
 	// Learned: the weights rest on capacity estimates from data for the
 	// pods that carry most of the traffic, not on equal or default weights.
 	// Until then the operator may keep a queue-aware load balancer

@@ -2,7 +2,6 @@ package weights
 
 import (
 	"fmt"
-	"math"
 	"testing"
 	"time"
 )
@@ -42,32 +41,3 @@ func BenchmarkUpdate4096(b *testing.B) {
 // BenchmarkPoolSpeeds4096 times poolSpeeds for the largest ServiceEntry,
 // every speed within reach of the 2047 others of its class (the costliest
 // case).
-func BenchmarkPoolSpeeds4096(b *testing.B) {
-	v, tol := make([]float64, MaxEndpoints), make([]float64, MaxEndpoints)
-	for i := range v {
-		v[i] = 0.6 + 0.4*float64(i%2) + 0.001*float64(i%17)
-		tol[i] = 0.05
-	}
-	for b.Loop() {
-		poolSpeeds(v, tol)
-	}
-}
-
-// BenchmarkQueueUtilisations4096 times queueUtilisations for the largest
-// ServiceEntry at 85% load, every pod's cores and speed a different
-// estimate (the costliest case: pods with limits share a few core counts).
-func BenchmarkQueueUtilisations4096(b *testing.B) {
-	c, v := make([]float64, MaxEndpoints), make([]float64, MaxEndpoints)
-	capacity := 0.0
-	for i := range c {
-		// Estimated cores and speeds: every pod's its own.
-		c[i] = 1 + 7*float64(i)/MaxEndpoints
-		v[i] = 0.5 + 0.5*math.Mod(float64(i)*0.618034, 1)
-		capacity += c[i] * v[i]
-	}
-	for b.Loop() {
-		if _, ok := queueUtilisations(c, v, 0.85*capacity); !ok {
-			b.Fatal("no utilisations")
-		}
-	}
-}

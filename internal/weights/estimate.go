@@ -4,725 +4,442 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"time"
 )
 
-// podSignal is one pod's usable signals.
-type podSignal struct {
-	cpu, requests, latency          float64
-	hasCPU, hasRequests, hasLatency bool
-	// limit is the most CPU the pod could use this cycle: its Cores
-	// limit, else (see ceilings) its own CPU plus its share of what its
-	// node left idle; 0 when unknown.
-	limit float64
-	// nodeCeiling is what this window's node CPU says the pod could use:
-	// its own CPU plus its share of its node's idle CPU, negative idle
-	// included (down to half its own CPU), 0 when unknown. A saturated
-	// pod's node shows idle CPU that is noise around zero: limit clamps
-	// that at the pod's own CPU, which is right for one window, but an
-	// average of only its positive half would sit above the pod's cores.
-	nodeCeiling float64
-	// nodeCPU is the CPU in use on its node (Signal.NodeCPU), 0 if unknown.
-	nodeCPU float64
-	// recentCPU is its CPU over the end of the window (Signal.RecentCPU),
-	// 0 if unknown.
-	recentCPU float64
-	// recentLatency is its latency over the end of the window
-	// (Signal.RecentLatency), 0 if unknown.
-	recentLatency float64
+// Stage 2, estimate: one filter per pod over its log speed per core (and,
+// for a pod without a CPU limit, one over its log cores), each a mean and a
+// variance. A reading is weighed against the estimate by their variances
+// (a Kalman filter over a random walk); the walk's step is set so that a
+// settled estimate takes Smoothing of each new reading. The reading's
+// noise is measured from the residuals of all pods (a robust median). A
+// change that persists past the noise (a CUSUM of the innovations in units
+// of their standard deviation) or one reading far outside it restarts the
+// filter: its variance is raised to the reading's, so the estimate moves
+// fast, then settles. Capacity is speed per core times cores; its variance
+// the sum of the two in log scale.
+
+// filter is one estimate: log mean m and its variance v.
+type filter struct {
+	m, v     float64
+	known    bool
+	n        int     // readings taken since the last restart
+	up, down float64 // the CUSUM of innovations above and below, in sds
 }
 
-// judgeRecent keeps a pod's recent CPU as a sign of saturation only when
-// it stands out from the window's CPU by more than recentSigmas of what
-// the two usually differ by for that pod (2.5: a pod already near its
-// limit must still be caught, and one far from it needs more than that
-// to reach it): over two scrape intervals a pod
-// that serves few, long requests shows its limit by chance (at 80% of one
-// core and 100 ms a request, 240 requests in 30 s, the busy share of such
-// a window varies by about 15%), and each false alarm is a drain and a
-// switch of the load balancer. It then learns that difference from the
-// cycles in which the pod was not at its limit.
-func (e *Engine) judgeRecent(set []Pod, sig signals) {
-	for i, pod := range set {
-		ps := &sig.pods[i]
-		if !(ps.recentCPU > 0) || !(ps.cpu > 0) {
-			ps.recentCPU = 0
-			continue
-		}
-		st := e.state(pod.Name)
-		r := math.Log(ps.recentCPU / ps.cpu)
-		if r < recentSigmas*recentNoise(st.recentRatios) {
-			ps.recentCPU = 0 // no news beyond the window's own CPU
-		}
-		if ps.limit > 0 && ps.cpu >= saturatedUse*ps.limit {
-			continue // at its limit over the window: says nothing of the noise
-		}
-		st.recentRatios = noteRatio(st.recentRatios, r)
-	}
+// zSigmas is how many standard deviations make a reading news rather than
+// noise: for a Gaussian, 4 is passed by chance once in 16 000 draws, once
+// in a week of cycles at a 30 s cycle for each pod, which the heavier tails
+// of overlapping windows and bursts bring to about a day. The same
+// bound judges a jump (twice it), a CUSUM (twice it, with an allowance of
+// one), a backlog and a write.
+const zSigmas = 4
+
+// minNoise is the least noise (log scale) a reading is taken to have, and
+// the noise assumed before any is measured: the rates of one window are
+// counts over it, and a percent is the order of their scrape jitter.
+const minNoise = 0.01
+
+// processVariance is the variance a settled estimate's walk adds per
+// reading, relative to the reading's: the steady Kalman gain g of a random
+// walk satisfies g²/(1-g) = q/r, so Smoothing = g gives q.
+func (p Params) processVariance() float64 {
+	g := p.Smoothing
+	return g * g / (1 - min(g, 0.999))
 }
 
-// recentNoise is the deviation of log(recent / window) for a pod, from the
-// last cycles' absolute ratios: a robust one (1.4826 times the median),
-// so the start of a window and a real change do not inflate it;
-// recentNoisePrior until minRecentRatios are in.
-func recentNoise(ratios []float64) float64 {
-	if len(ratios) < minRecentRatios {
-		return recentNoisePrior
+// update folds a reading [lo, hi] (log, in the estimate's units) of
+// variance r into f. It reports whether the filter restarted. corr is how
+// much more a sum of consecutive innovations varies than independent ones
+// would (see overlapInflation): the CUSUM is judged in those units.
+func (f *filter) update(lo, hi, r, corr float64, p Params) bool {
+	if !f.known {
+		f.m, f.v, f.known, f.n = (lo+hi)/2, r+sq((hi-lo)/2), true, 1
+		return false
 	}
-	// median sorts, so it gets a copy.
-	return max(1.4826*median(slices.Clone(ratios)), minRecentNoise)
-}
-
-// noteRatio appends |r| to a pod's ratios, keeping the last maxRecentRatios.
-func noteRatio(ratios []float64, r float64) []float64 {
-	ratios = append(ratios, math.Abs(r))
-	if len(ratios) > maxRecentRatios {
-		ratios = slices.Delete(ratios, 0, len(ratios)-maxRecentRatios)
-	}
-	return ratios
-}
-
-// saturated reports whether the pod used all the CPU it could, over the
-// window or lately.
-func (ps podSignal) saturated() bool {
-	return ps.hasCPU && ps.limit > 0 && max(ps.cpu, ps.recentCPU) >= saturatedUse*ps.limit
-}
-
-// signals is the observation reduced to the current set, in set order.
-type signals struct {
-	pods         []podSignal
-	withCPU      int     // pods with a CPU value (zero included)
-	withRequests int     // pods with positive CPU and positive requests
-	withLatency  int     // pods with a positive latency
-	meanCPU      float64 // over pods with a CPU value
-	// fromRequests: speeds come from request rates, because at least half
-	// of the pods with CPU data have request data too; else from CPU alone.
-	fromRequests bool
-}
-
-// usable reports whether a signal value is data: NaN, Inf and negative
-// values are what broken exporters and counter resets produce.
-func usable(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
-
-func readSignals(set []Pod, obs map[string]Signal) signals {
-	s := signals{pods: make([]podSignal, len(set))}
-	total := 0.0
-	for i, pod := range set {
-		raw, ok := obs[pod.Name]
-		if !ok {
-			continue
-		}
-		ps := &s.pods[i]
-		if usable(raw.CPU) {
-			ps.cpu, ps.hasCPU = raw.CPU, true
-			s.withCPU++
-			total += raw.CPU
-		}
-		if usable(raw.Requests) {
-			ps.requests, ps.hasRequests = raw.Requests, true
-		}
-		if usable(raw.Latency) && raw.Latency > 0 {
-			ps.latency, ps.hasLatency = raw.Latency, true
-			s.withLatency++
-		}
-		if usable(raw.NodeCPU) && raw.NodeCPU > 0 {
-			ps.nodeCPU = raw.NodeCPU
-		}
-		if usable(raw.RecentCPU) {
-			ps.recentCPU = raw.RecentCPU
-		}
-		if usable(raw.RecentLatency) {
-			ps.recentLatency = raw.RecentLatency
-		}
-		if ps.hasCPU && ps.cpu > 0 && ps.hasRequests && ps.requests > 0 {
-			s.withRequests++
-		}
-	}
-	if s.withCPU > 0 {
-		s.meanCPU = total / float64(s.withCPU)
-	}
-	s.fromRequests = s.withRequests > 0 && 2*s.withRequests >= s.withCPU
-	ceilings(set, s.pods)
-	return s
-}
-
-const (
-	// recentSigmas: a recent CPU counts as news when it stands this many
-	// standard deviations (of the pod's usual recent-to-window ratio)
-	// above the window's CPU; recentNoisePrior is the deviation assumed
-	// before any is measured.
-	recentSigmas     = 2.5
-	recentNoisePrior = 0.1
-	// minRecentRatios and maxRecentRatios: the cycles the deviation is
-	// measured over, at least and at most.
-	minRecentRatios = 4
-	maxRecentRatios = 16
-	// minRecentNoise is the least deviation assumed, so that a pod whose
-	// two rates agreed closely for a while is not alarmed by a little.
-	minRecentNoise = 0.02
-	// saturatedUse is the share of its Cores above which a pod is taken as
-	// saturated: its CPU then shows what it could do, not what it was sent.
-	saturatedUse = 0.97
-	// saturationOnlyBelow: when the pods use this much of their cores on
-	// average, the whole Service is overloaded and saturation says nothing
-	// about how to split the traffic.
-	saturationOnlyBelow = 0.9
-	// saturatedDiscount is how far below its upper bound a saturated pod's
-	// capacity is put: its overload is unknown, and erring low is safe, as
-	// the first cycle it is not saturated measures it exactly.
-	saturatedDiscount = 0.8
-	// minSaturatedDiscount bounds how deep repeated cuts go in one cycle.
-	minSaturatedDiscount = 0.25
-	// An observation more than twice the dead band (at least minSurprise)
-	// and twice surpriseSigmas times the noise away from the estimate (log
-	// scale) is a change, not noise: the estimate restarts from it.
-	minSurprise    = 0.02
-	surpriseSigmas = 4
-	// driftAllowance and driftLimit tune the CUSUM (in noise units): each
-	// observation adds its distance beyond driftAllowance; past driftLimit
-	// the estimate restarts. A shift of d noise levels is caught in about
-	// driftLimit/(d-driftAllowance) cycles.
-	driftAllowance = 1
-	driftLimit     = 8
-	// minNoise is the least noise assumed when judging drift, so that a
-	// tiny bias of a perfect model does not restart estimates all the time.
-	minNoise = 0.005
-	// sharpRange: a sighting whose range is narrower than this ratio came
-	// from steady weights, and measures the pod rather than bounding it.
-	sharpRange = 1.02
-	// minEstimate and maxEstimate bound raw estimates, which only matter
-	// relative to each other, away from underflow and overflow.
-	minEstimate = 1e-30
-	maxEstimate = 1e30
-)
-
-// sighting is what one cycle says about one pod's speed per core: a range,
-// in the raw units of this cycle, that is certain to hold the truth (up to
-// noise), because the window the backend averaged is not known exactly.
-type sighting struct {
-	index     int // in the set
-	lo, hi    float64
-	saturated bool
-}
-
-// learn folds one observation into the capacity estimates.
-//
-// A pod's speed per core shows in two ways. With request rates, it is
-// requests served per CPU-second. Without them, it is its traffic share per
-// CPU-second, since traffic follows weights; the share is the average over
-// the window the backend saw, taken from the timeline. Either way the
-// numbers are in units that change with the total load, so each cycle
-// first finds the one scale that best fits the current estimates (a median,
-// so one pod that really changed does not drag the rest), and then moves
-// each estimate only as far as its range forces it. It returns how many
-// pods it learned from. An early cycle (Observation.Early) does not measure
-// the noise: its window is mostly the last cycle's, so its residuals are
-// not a new sample of it.
-func (e *Engine) learn(now time.Time, set []Pod, sig signals, shares []shareSpan, early bool) int {
-	sightings := e.sight(now, set, sig, shares)
-	if len(sightings) == 0 {
-		return 0
-	}
-	scale := e.fitScale(set, sightings)
-	// A saturated pod seen for the first time shows only a bound, which its
-	// own (too large) share sets: it starts no higher than the pods known.
-	var knownCaps []float64
-	for _, pod := range set {
-		if st := e.pods[pod.Name]; st != nil && st.known {
-			knownCaps = append(knownCaps, st.capacity)
-		}
-	}
-	typical := median(knownCaps)
-
-	var residuals []float64
-	for _, s := range sightings {
-		st := e.state(set[s.index].Name)
-		st.seen = now
-		st.fromData = true
-		// An observation whose window reaches back past the last restart
-		// of the estimate may still mix the pod's speed before and after
-		// the change: it moves the estimate, but does not count.
-		settled := st.restartedAt.IsZero() || !now.Before(st.restartedAt.Add(e.params.QueryWindow))
-		sharp := !s.saturated && s.hi <= sharpRange*s.lo && settled
-		if !st.known {
-			st.capacity = clampCapacity(pointOf(s) / scale)
-			if s.saturated && typical > 0 {
-				st.capacity = min(st.capacity, typical)
-			}
-			st.known = true
-			if sharp {
-				st.measurements = 1
-			}
-			continue
-		}
-		target := min(max(st.capacity, s.lo/scale), s.hi/scale)
-		r := math.Log(target / st.capacity)
-		if s.saturated {
-			// The pod is overloaded now: act on the bound at once.
-			st.capacity = clampCapacity(target)
-			continue
-		}
-		if sharp && st.measurements >= 2 {
-			residuals = append(residuals, r*r)
-		}
-		if e.fold(st, target, r, sharp) {
-			st.restartedAt = now
-		}
-	}
-	if !early {
-		e.measureNoise(residuals)
-	}
-	e.rememberClasses(set)
-	e.normalize(set)
-	return len(sightings)
-}
-
-// shareSpan is the least and greatest average traffic share a pod can have
-// had over the window the backend's rate covered (see shareRange); ok is
-// false when the pod was not in the set for all of it.
-type shareSpan struct {
-	lo, hi float64
-	ok     bool
-}
-
-// windowShares returns every pod's shareSpan for an observation at now.
-func (e *Engine) windowShares(now time.Time, set []Pod) []shareSpan {
-	segs := e.history.segmentsSince(now, -e.params.horizon().Seconds())
-	if len(e.history.epochs) == 0 {
-		// Nothing was ever applied (dry run): Envoy spreads traffic evenly.
-		virtual := timeline{}
-		virtual.reset(now, equalOver(set))
-		segs = virtual.segmentsSince(now, -e.params.horizon().Seconds())
-	}
-	windows := rateWindows(e.params, segs)
-	out := make([]shareSpan, len(set))
-	for i, pod := range set {
-		out[i].lo, out[i].hi, out[i].ok = shareRange(pod.Name, segs, windows)
-	}
-	return out
-}
-
-// warming reports whether the pod's rates over the window at now include
-// time before it was ready or warm, so they cannot speak for it.
-func (e *Engine) warming(pod Pod, now time.Time) bool {
-	return !pod.ReadySince.IsZero() && pod.ReadySince.Add(e.params.SlowStart).After(now.Add(-e.params.horizon()))
-}
-
-// sight turns the signals into sightings, skipping pods the data cannot
-// speak for: no CPU, joined or warming up within the window, or (with
-// request rates) no requests.
-func (e *Engine) sight(now time.Time, set []Pod, sig signals, shares []shareSpan) []sighting {
-	fromRequests := sig.fromRequests
-	// With CPU alone a pod's speed is its traffic share per CPU-second,
-	// and the share follows the engine's weights only once they are live:
-	// not over the Service's history before them, when Istio's
-	// LEAST_REQUEST sent more to the pods that keep up. (A dry run never
-	// applies weights: Envoy is taken to balance evenly, see windowShares.)
-	if !fromRequests && !e.appliedSince.IsZero() && now.Add(-e.params.horizon()).Before(e.appliedSince) {
-		return nil
-	}
-
-	// The most of a window that two rates of one query may disagree on.
-	misalignment := 0.0
-	if w, sc := e.params.QueryWindow, e.params.ScrapeInterval; sc > 0 {
-		misalignment = float64(sc) / float64(w-sc)
-	}
-
-	// Saturation is only meaningful when some pods have room to spare.
-	useSum, useCount := 0.0, 0
-	for i := range set {
-		if ps := sig.pods[i]; ps.hasCPU && ps.limit > 0 {
-			useSum += ps.cpu / ps.limit
-			useCount++
-		}
-	}
-	judgeSaturation := useCount > 0 && useSum/float64(useCount) < saturationOnlyBelow
-
-	var out []sighting
-	for i, pod := range set {
-		ps := sig.pods[i]
-		if !ps.hasCPU || ps.cpu <= 0 {
-			continue
-		}
-		if e.warming(pod, now) {
-			continue // its window includes time before it was ready or warm
-		}
-		if st := e.pods[pod.Name]; st != nil && st.blind {
-			continue // its cores are a guess and its saturation unseen
-		}
-		shareLo, shareHi := shares[i].lo, shares[i].hi
-		if !shares[i].ok {
-			continue
-		}
-		s := sighting{index: i}
-		switch {
-		case fromRequests:
-			if !ps.hasRequests || ps.requests <= 0 {
-				continue
-			}
-			// Requests per CPU-second do not depend on the traffic share,
-			// except that requests and CPU may be scraped up to one
-			// interval apart: if the share changed inside the window, the
-			// two rates then saw it for different lengths of time.
-			// A pod busy all the time serves at its speed whatever it
-			// is sent, so then the two rates agree however they align.
-			perCPU := ps.requests / ps.cpu
-			spread := (shareHi/shareLo - 1) * misalignment
-			if ps.saturated() {
-				spread = 0
-			}
-			s.lo, s.hi = perCPU/(1+spread), perCPU*(1+spread)
-		case judgeSaturation && ps.saturated():
-			// Busy all the time: it was sent more than it could serve, so
-			// share/CPU only bounds its speed from above. A pod already
-			// estimated must look saturated twice in a row, since noise
-			// alone can show a busy pod at its limit once.
-			// While it stays saturated, each cycle cuts deeper (as TCP
-			// backs off), since the overload is unknown.
-			// Saturated again within a query window counts as staying
-			// saturated: while the operator keeps LEAST_REQUEST (not
-			// Learned) a saturated pod gets relief in between, and its
-			// weight must still come down before ROUND_ROBIN returns.
-			st := e.state(pod.Name)
-			if !st.saturatedAt.IsZero() && !e.lastUpdate.IsZero() && !st.saturatedAt.Before(e.lastUpdate.Add(-e.params.horizon())) {
-				st.saturatedCycles++
-			} else {
-				st.saturatedCycles = 0
-			}
-			st.saturatedAt = now
-			if st.known && st.saturatedCycles == 0 {
-				continue
-			}
-			discount := math.Pow(saturatedDiscount, float64(max(st.saturatedCycles, 1)))
-			s.hi = max(discount, minSaturatedDiscount) * shareHi / ps.cpu
-			s.lo = s.hi * minEstimate
-			s.saturated = true
-		default:
-			s.lo, s.hi = shareLo/ps.cpu, shareHi/ps.cpu
-		}
-		if !(s.lo > 0 && s.hi < math.Inf(1)) {
-			continue
-		}
-		s.lo = min(max(s.lo, minEstimate), maxEstimate)
-		s.hi = min(max(s.hi, s.lo), maxEstimate)
-		out = append(out, s)
-	}
-	return out
-}
-
-// pointOf is the single value a sighting suggests when nothing is known.
-func pointOf(s sighting) float64 {
-	if s.saturated {
-		return s.hi
-	}
-	return math.Sqrt(s.lo * s.hi)
-}
-
-// fitScale finds the factor from this cycle's raw units to the estimates'
-// units: the one that puts the most estimates inside their sightings (it
-// minimises the summed log distance to the ranges, a median of their ends).
-func (e *Engine) fitScale(set []Pod, sightings []sighting) float64 {
-	var ends, ratios []float64
-	for _, s := range sightings {
-		st := e.pods[set[s.index].Name]
-		if st == nil || !st.known {
-			continue
-		}
-		ratios = append(ratios, math.Log(pointOf(s)/st.capacity))
-		if !s.saturated {
-			ends = append(ends, math.Log(s.lo/st.capacity), math.Log(s.hi/st.capacity))
-		}
-	}
-	switch {
-	case len(ends) > 0:
-		slices.Sort(ends)
-		n := len(ends) / 2
-		return math.Exp((ends[n-1] + ends[n]) / 2)
-	case len(ratios) > 0:
-		return math.Exp(median(ratios))
-	}
-	// Nothing known yet: any scale will do; pick the one that makes the
-	// estimates about 1.
-	logs := make([]float64, 0, len(sightings))
-	for _, s := range sightings {
-		logs = append(logs, math.Log(pointOf(s)))
-	}
-	return math.Exp(median(logs))
-}
-
-// fold moves an estimate toward target (r = log(target/estimate)).
-// Observations are averaged (1/n, down to Smoothing), which filters noise;
-// a large jump, or a drift that persists, means the pod really changed,
-// and the estimate restarts from the new value. Only sharp observations
-// count towards the average; a blurred one moves the estimate as far as
-// the average would, but weighs nothing later.
-//
-// It reports whether the estimate restarted.
-func (e *Engine) fold(st *podState, target, r float64, sharp bool) bool {
-	jump := 2 * max(e.params.DeadBand, minSurprise, surpriseSigmas*e.noise)
-	z := r / max(e.noise, minNoise)
-	st.driftUp = max(0, st.driftUp+z-driftAllowance)
-	st.driftDown = max(0, st.driftDown-z-driftAllowance)
-	if math.Abs(r) > jump || st.driftUp > driftLimit || st.driftDown > driftLimit {
-		// The observation that shows the change may mix the speeds before
-		// and after it: it counts for nothing, and the next ones (until
-		// their windows no longer reach back to it) replace it.
-		st.capacity = clampCapacity(target)
-		st.measurements = 0
-		st.driftUp, st.driftDown = 0, 0
+	f.v += p.processVariance() * r
+	innov := min(max(f.m, lo), hi) - f.m // a reading moves the estimate only as far as its range forces
+	s := math.Sqrt(f.v + r)
+	z := innov / s
+	zc := z / math.Sqrt(max(corr, 1))
+	f.up = max(0, f.up+zc-1)
+	f.down = max(0, f.down-zc-1)
+	if math.Abs(z) > 2*zSigmas || f.up > 2*zSigmas || f.down > 2*zSigmas {
+		f.m, f.v, f.n, f.up, f.down = f.m+innov, r, 1, 0, 0
 		return true
 	}
-	st.capacity = clampCapacity(st.capacity * math.Exp(e.gain(st)*r))
-	if sharp {
-		st.measurements = min(st.measurements+1, maxMeasurements)
+	g := f.v / (f.v + r)
+	f.m += g * innov
+	f.v *= 1 - g
+	if hi-lo < math.Sqrt(r) {
+		f.n++
 	}
 	return false
 }
 
-// gain is the weight of a new observation: a plain average of the
-// measurements so far, down to Smoothing.
-func (e *Engine) gain(st *podState) float64 {
-	return max(e.params.Smoothing, 1/float64(st.measurements+1))
+// censor folds a reading that only bounds the estimate from above (log
+// bound b of variance r): the mean of a Gaussian prior truncated at the
+// bound (the Tobit update). One already below the bound is not moved. A
+// bound below the estimate by more than zSigmas of a reading's noise (or a
+// CUSUM of smaller gaps) says the pod changed by an unknown amount at least
+// that gap: the filter restarts as
+// far below the bound as the estimate was above it, with that gap as its
+// standard deviation, so the next readings settle it (a backoff, as TCP's
+// on a loss).
+func (f *filter) censor(b, r float64, p Params) {
+	if !f.known {
+		f.m, f.v, f.known = b-math.Sqrt(r), r, true
+		return
+	}
+	f.v += p.processVariance() * r
+	s := math.Sqrt(f.v + r)
+	alpha := (b - f.m) / s
+	gap := f.m - b
+	f.down = max(0, f.down-min(alpha, 0)-1)
+	if gap > zSigmas*math.Sqrt(r) || f.down > 2*zSigmas {
+		gap = max(gap, math.Sqrt(r))
+		f.m, f.v, f.n, f.up, f.down = b-gap, gap*gap, 0, 0, 0
+		return
+	}
+	lambda := normPDF(alpha) / max(normCDF(alpha), 1e-300)
+	f.m -= f.v / s * lambda
+	f.v *= max(1-f.v/(s*s)*lambda*(lambda+alpha), 0.01)
 }
 
-// measureNoise updates the noise level from this cycle's squared residuals
-// of pods at steady weights. The median makes it robust to a pod that
-// really changed; 0.455 is the median of a squared standard normal.
+func normPDF(x float64) float64 { return math.Exp(-x*x/2) / math.Sqrt(2*math.Pi) }
+func normCDF(x float64) float64 { return 0.5 * math.Erfc(-x/math.Sqrt2) }
+func sq(x float64) float64      { return x * x }
+
+// estimate folds this cycle's readings into the estimates and returns how
+// many pods it learned from.
+func (e *Engine) estimate(set []Pod, c *cycleReadings, early bool) int {
+	e.markBlind(set, c)
+	scale := e.fitScale(set, c)
+	r := e.noise * e.noise
+	var residuals []float64
+	learned := 0
+	typical := e.typicalSpeed(set)
+	for i, pod := range set {
+		rd := c.pods[i]
+		st := e.pods[pod.Name]
+		if !rd.speed.ok || (st != nil && st.blind) {
+			continue
+		}
+		st = e.state(pod.Name)
+		lo, hi := rd.speed.lo-scale, rd.speed.hi-scale
+		learned++
+		st.fromData = true
+		if rd.speed.upper {
+			if !st.speed.known && typical != nil {
+				hi = min(hi, *typical)
+			}
+			st.speed.censor(hi, r, e.params)
+			continue
+		}
+		if st.speed.known && st.speed.n >= 2 && hi-lo < math.Sqrt(r) {
+			d := min(max(st.speed.m, lo), hi) - st.speed.m
+			residuals = append(residuals, d*d)
+		}
+		st.speed.update(lo, hi, r, e.overlapInflation(), e.params)
+	}
+	if !early {
+		e.measureNoise(residuals)
+	}
+	e.updateCores(set, c)
+	e.rememberClasses(set)
+	e.normalize(set)
+	return learned
+}
+
+// typicalSpeed is the median log speed of the pods known, nil for none: a
+// pod first seen at its limit starts no higher.
+func (e *Engine) typicalSpeed(set []Pod) *float64 {
+	var ms []float64
+	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil && st.speed.known {
+			ms = append(ms, st.speed.m)
+		}
+	}
+	if len(ms) == 0 {
+		return nil
+	}
+	m := median(ms)
+	return &m
+}
+
+// fitScale finds the offset from this cycle's raw log units to the
+// estimates': the one that puts the most estimates inside their readings
+// (a median of the readings' ends), so that one pod that changed does not
+// move the others.
+func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
+	var ends, points []float64
+	for i, pod := range set {
+		rd := c.pods[i]
+		if !rd.speed.ok {
+			continue
+		}
+		points = append(points, (rd.speed.lo+rd.speed.hi)/2)
+		st := e.pods[pod.Name]
+		if st == nil || !st.speed.known || rd.speed.upper {
+			continue
+		}
+		ends = append(ends, rd.speed.lo-st.speed.m, rd.speed.hi-st.speed.m)
+	}
+	if len(ends) > 0 {
+		return median(ends)
+	}
+	return median(points)
+}
+
+// measureNoise updates the reading noise from this cycle's squared
+// residuals (0.455 is the median of a squared standard normal), averaged
+// over cycles plainly and then with Smoothing.
 func (e *Engine) measureNoise(squares []float64) {
 	if len(squares) < 3 {
 		return
 	}
 	variance := median(squares) / 0.455
-	// Average the first few cycles plainly, so the prior is soon forgotten.
-	e.noiseCycles = min(e.noiseCycles+1, 5)
+	e.noiseCycles = min(e.noiseCycles+1, e.params.memory())
 	g := 1 / float64(e.noiseCycles)
-	blended := (1-g)*e.noise*e.noise + g*variance
-	e.noise = min(max(math.Sqrt(blended), minNoise), 0.5)
+	e.noise = min(max(math.Sqrt((1-g)*e.noise*e.noise+g*variance), minNoise), 0.5)
 }
 
-// rememberClasses keeps, per hardware class, the geometric mean capacity of
-// its pods that have estimates, so a new pod of that class (or a whole new
-// generation of pods after a rollout) starts from it.
+// memory is the number of readings a settled estimate averages over.
+func (p Params) memory() int { return int(math.Ceil(1 / p.Smoothing)) }
+
+// updateCores folds each pod's cores reading into its cores filter: from
+// its latency (Erlang C) when it has one, else from its node's idle CPU
+// (the ceiling), whose noise the pod's own residuals measure.
+func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
+	for i, pod := range set {
+		if knownCores(pod) {
+			continue
+		}
+		rd := c.pods[i]
+		seen := rd.cores
+		if !(seen > 0) {
+			seen = rd.nodeCeiling
+		}
+		if !(seen > 0) {
+			continue
+		}
+		st := e.state(pod.Name)
+		if st.coresNode != pod.Node {
+			st.cores, st.coresResiduals, st.coresNode = filter{}, nil, pod.Node
+		}
+		x := math.Log(seen)
+		r := max(robustVariance(st.coresResiduals), e.noise*e.noise)
+		if st.cores.known {
+			st.coresResiduals = appendCapped(st.coresResiduals, x-st.cores.m, e.params.memory())
+		}
+		st.cores.update(x, x, r, e.overlapInflation(), e.params)
+	}
+}
+
+// robustVariance is the variance of residuals by their median absolute
+// value (1.4826 makes it a standard deviation for a Gaussian); 0 for fewer
+// than three.
+func robustVariance(xs []float64) float64 {
+	if len(xs) < 3 {
+		return 0
+	}
+	abs := make([]float64, len(xs))
+	for i, x := range xs {
+		abs[i] = math.Abs(x)
+	}
+	return sq(1.4826 * median(abs))
+}
+
+// appendCapped appends x, keeping the last n.
+func appendCapped(xs []float64, x float64, n int) []float64 {
+	xs = append(xs, x)
+	if len(xs) > n {
+		xs = slices.Delete(xs, 0, len(xs)-n)
+	}
+	return xs
+}
+
+// markBlind marks the pods CPU alone cannot learn from: no request rates,
+// no CPU limit but a CPU request or node size (so the cores are somewhere
+// in a range), and no node CPU this cycle. Past its cores such a pod's CPU
+// stops growing with its share, which reads as a faster pod, and its weight
+// would run away; nothing in CPU alone tells that from a fast pod. It is
+// weighted at its guessed cores and the speed of the pods measured, and
+// Learned stays false while it is in the set (the operator keeps
+// LEAST_REQUEST, which steers around its queue). A pod without CPU data
+// this cycle stays as it was.
+func (e *Engine) markBlind(set []Pod, c *cycleReadings) {
+	for i, pod := range set {
+		rd := c.pods[i]
+		if !rd.hasCPU {
+			continue
+		}
+		lo, hi := coresBounds(pod)
+		blind := !c.fromRequests && !knownCores(pod) && (lo > 0 || hi > 0) && rd.limit <= 0
+		st := e.pods[pod.Name]
+		switch {
+		case blind:
+			st = e.state(pod.Name)
+			st.blind, st.speed, st.fromData = true, filter{}, false
+		case st != nil:
+			st.blind = false
+		}
+	}
+}
+
+// rememberClasses keeps, per hardware class, the mean log speed of its
+// pods with estimates, so a new pod of that class starts from it.
 func (e *Engine) rememberClasses(set []Pod) {
 	sums := map[string]float64{}
 	counts := map[string]int{}
 	for _, pod := range set {
 		st := e.pods[pod.Name]
-		if pod.HardwareClass == "" || st == nil || !st.known {
+		if pod.HardwareClass == "" || st == nil || !st.speed.known {
 			continue
 		}
-		sums[pod.HardwareClass] += math.Log(st.capacity)
+		sums[pod.HardwareClass] += st.speed.m
 		counts[pod.HardwareClass]++
 	}
-	// Once per class, in a fixed order, so which classes are admitted when
-	// maxClasses is reached does not depend on map iteration.
 	for _, class := range slices.Sorted(maps.Keys(counts)) {
-		if _, known := e.classes[class]; known || len(e.classes) < maxClasses {
-			e.classes[class] = math.Exp(sums[class] / float64(counts[class]))
+		if _, known := e.classes[class]; known || len(e.classes) < MaxEndpoints {
+			e.classes[class] = sums[class] / float64(counts[class])
 		}
 	}
 }
 
-// normalize rescales every estimate so the geometric mean over the current
-// pods with estimates is 1: only ratios matter, and this keeps the numbers
-// from drifting with the load.
+// normalize shifts every log speed so that their mean over the current
+// pods with estimates is 0: only ratios matter.
 func (e *Engine) normalize(set []Pod) {
-	logSum, n := 0.0, 0
+	sum, n := 0.0, 0
 	for _, pod := range set {
-		if st := e.pods[pod.Name]; st != nil && st.known {
-			logSum += math.Log(st.capacity)
+		if st := e.pods[pod.Name]; st != nil && st.speed.known {
+			sum += st.speed.m
 			n++
 		}
 	}
 	if n == 0 {
 		return
 	}
-	g := math.Exp(logSum / float64(n))
+	g := sum / float64(n)
 	for _, st := range e.pods {
-		st.capacity = clampCapacity(st.capacity / g)
+		st.speed.m -= g
 	}
-	for class, c := range e.classes {
-		e.classes[class] = clampCapacity(c / g)
+	for class := range e.classes {
+		e.classes[class] -= g
 	}
 }
 
-// clampCapacity keeps an estimate finite and positive.
-func clampCapacity(c float64) float64 {
-	if !(c > 1e-9) {
-		return 1e-9
-	}
-	return min(c, 1e9)
+// podModel is what the decide and publish stages know of one pod: cores c,
+// speed per core v (relative), and the variance of log capacity.
+type podModel struct {
+	c, v, logVar float64
+	// settledVar is logVar as it would be were both filters settled: the
+	// variance the publish stage's bar tests the gap against.
+	settledVar float64
+	known      bool // the speed is an estimate of its own
+	// coresKnown: c comes from the pod's limit, estimate or bounds, or
+	// from the median of pods that have one; false when no pod's cores
+	// are known (c is then 1, and the utilisation unknown).
+	coresKnown bool
 }
 
-// knownCores reports whether the pod's Cores is a plausible CPU limit.
-func knownCores(pod Pod) bool { return pod.Cores > 0 && pod.Cores <= maxCores }
-
-// maxCores is more CPU than any one pod has; larger values are noise.
-const maxCores = 1 << 16
-
-// capacities returns each pod's capacity (speed per core times cores) in
-// set order. A pod without an estimate gets its hardware class's when
-// pooling, else the median of the pods with estimates.
-func (e *Engine) capacities(set []Pod) []float64 {
-	caps, _ := e.capacitiesPerCore(set)
-	return caps
-}
-
-// targets returns what each pod's weight is proportional to: its
-// capacity, tilted towards faster pods by (speed per core)^SpeedTilt; with
-// MinimizeLatency and a known load, moved to the utilisations of
-// queueUtilisations where the pods' cores differ, and at low load to the
-// split of split.go. Speeds per core are relative (their geometric mean is
-// about 1); only ratios matter.
-func (e *Engine) targets(set []Pod) []float64 {
-	caps, perCore := e.capacitiesPerCore(set)
-	if tilt := e.params.SpeedTilt; tilt > 0 {
-		for i := range caps {
-			caps[i] = min(max(caps[i]*math.Pow(perCore[i], tilt), 1e-12), 1e12)
-		}
-	}
-	if !e.params.MinimizeLatency || !(e.splitLoad > 0) {
-		return caps
-	}
-	cores := e.splitCores(set)
-	capacity := 0.0
-	for i := range set {
-		capacity += cores[i] * perCore[i]
-	}
-	// Unlike cores run at unlike utilisations, at every load the split
-	// leaves to capacity shares (see split.go); pods of one core count
-	// keep their shares. A pod run fuller must be watched: by its backlog
-	// (request rates) or against a CPU limit. With CPU alone and cores
-	// read from the node's noisy idle CPU, a fuller pod is judged at its
-	// limit by that noise and drained, and back, every cycle; so then
-	// only a Service whose pods all have limits is moved.
-	// Request rates count until requestsGrace cycles have gone by
-	// without them.
-	if (e.requestsLately > 0 || allKnownCores(set)) && !allEqual(cores) {
-		if pooled := poolCores(set, cores); !allEqual(pooled) {
-			if rho, ok := queueUtilisations(pooled, perCore, e.splitLoad); ok {
-				for i := range caps {
-					caps[i] = min(max(caps[i]*rho[i], 1e-12), 1e12)
-				}
-			}
-		}
-	}
-	// The split is used in full while the Service has room to spare and
-	// not at all from splitNoneFrom of its capacity up; in between, the
-	// two are blended linearly.
-	use := e.splitLoad / capacity
-	if !(use < splitNoneFrom) {
-		return caps
-	}
-	// Speeds the estimates cannot tell apart split alike (poolSpeeds).
-	split, ok := latencySplit(cores, poolSpeeds(perCore, e.poolBands(set)), e.splitLoad)
-	if !ok {
-		return caps
-	}
-	b := min(1, (splitNoneFrom-use)/(splitNoneFrom-splitFullBelow))
-	capSum, splitSum := 0.0, 0.0
-	for i := range caps {
-		capSum += caps[i]
-		splitSum += split[i]
-	}
-	for i := range caps {
-		caps[i] = min(max((1-b)*caps[i]/capSum+b*split[i]/splitSum, 1e-12), 1e12)
-	}
-	return caps
-}
-
-// allKnownCores reports whether every pod has a CPU limit.
-func allKnownCores(set []Pod) bool {
+// models returns every pod's model in set order. A pod without an
+// estimate takes its hardware class's (with PoolByHardware) or the median
+// speed, and the median cores of the pods with cores known.
+func (e *Engine) models(set []Pod) []podModel {
+	out := make([]podModel, len(set))
+	var speeds, cores []float64
 	for _, pod := range set {
-		if !knownCores(pod) {
-			return false
-		}
-	}
-	return true
-}
-
-// splitCores returns the cores the split and queueUtilisations take each
-// pod to have: coresOf, or the median of the others' (as
-// capacitiesPerCore takes it) when nothing is known of its own; when
-// nothing is known of any pod's, 1 each.
-func (e *Engine) splitCores(set []Pod) []float64 {
-	cores := make([]float64, len(set))
-	var seen []float64
-	for i, pod := range set {
-		if c := e.coresOf(pod); c > 0 {
-			cores[i] = c
-			seen = append(seen, c)
-		}
-	}
-	typical := median(seen)
-	for i := range set {
-		if !(cores[i] > 0) {
-			cores[i] = typical
-			if !(typical > 0) {
-				cores[i] = 1 // all alike, as capacitiesPerCore takes them
-			}
-		}
-	}
-	return cores
-}
-
-// poolCores returns the cores with the estimated ones (pods without a
-// limit) within coresPool of each other pooled (poolSpeeds); cores from a
-// limit are exact and left alone. queueUtilisations takes them pooled;
-// the split takes them as they are (at low load a few percent of cores
-// matter little against the speeds).
-func poolCores(set []Pod, cores []float64) []float64 {
-	tol := make([]float64, len(set))
-	for i, pod := range set {
-		if !knownCores(pod) {
-			tol[i] = coresPool
-		}
-	}
-	return poolSpeeds(cores, tol)
-}
-
-// allEqual reports whether every value is the first.
-func allEqual(xs []float64) bool {
-	return !slices.ContainsFunc(xs, func(x float64) bool { return x != xs[0] })
-}
-
-// capacitiesPerCore returns each pod's capacity and its speed per core.
-func (e *Engine) capacitiesPerCore(set []Pod) (caps, perCores []float64) {
-	var known, cores []float64
-	podCoresOf := make([]float64, len(set))
-	for i, pod := range set {
-		if st := e.pods[pod.Name]; st != nil && st.known {
-			known = append(known, st.capacity)
+		if st := e.pods[pod.Name]; st != nil && st.speed.known {
+			speeds = append(speeds, st.speed.m)
 		}
 		if c := e.coresOf(pod); c > 0 {
-			podCoresOf[i] = c
 			cores = append(cores, c)
 		}
 	}
-	fallback := median(known)
-	if fallback == 0 {
-		fallback = 1
+	typicalSpeed, typicalCores := median(speeds), median(cores)
+	coresKnown := typicalCores > 0
+	if !coresKnown {
+		typicalCores = 1
 	}
-	typicalCores := median(cores)
-	caps = make([]float64, len(set))
-	perCores = make([]float64, len(set))
+	unknownVar := 1.0 // a factor of e either way: nothing is known
+	inflation := e.overlapInflation()
+	settledSpeed := e.params.Smoothing * e.noise * e.noise * inflation
 	for i, pod := range set {
-		perCore := fallback
-		if st := e.pods[pod.Name]; st != nil && st.known {
-			perCore = st.capacity
-		} else if c, ok := e.classes[pod.HardwareClass]; ok && e.params.PoolByHardware && pod.HardwareClass != "" {
-			perCore = c
+		m := &out[i]
+		logV, varV := typicalSpeed, unknownVar
+		if st := e.pods[pod.Name]; st != nil && st.speed.known {
+			logV, varV, m.known = st.speed.m, min(st.speed.v*inflation, unknownVar), true
+		} else if cl, ok := e.classes[pod.HardwareClass]; ok && e.params.PoolByHardware && pod.HardwareClass != "" {
+			logV = cl
 		}
-		podCores := 1.0
-		if typicalCores > 0 {
-			podCores = typicalCores
-			if podCoresOf[i] > 0 {
-				podCores = podCoresOf[i]
+		m.v = math.Exp(min(max(logV, -700), 700))
+		m.c, m.logVar, m.coresKnown = typicalCores, varV, coresKnown
+		m.settledVar = min(varV, settledSpeed)
+		if c := e.coresOf(pod); c > 0 {
+			m.c = c
+			if st := e.pods[pod.Name]; !knownCores(pod) && st != nil && st.cores.known {
+				m.logVar += st.cores.v
+				m.settledVar += min(st.cores.v, e.params.Smoothing*max(robustVariance(st.coresResiduals), e.noise*e.noise)*inflation)
+			} else if !knownCores(pod) {
+				m.logVar += unknownVar
+				m.settledVar += unknownVar
 			}
-			podCores /= typicalCores
+		} else if coresKnown {
+			m.logVar += unknownVar // the median's cores: a guess next to pods with their own
+			m.settledVar += unknownVar
 		}
-		caps[i] = min(max(perCore*podCores, 1e-12), 1e12)
-		perCores[i] = perCore
 	}
-	return caps, perCores
+	return out
+}
+
+// coresOf returns the cores the engine takes the pod to have: its limit,
+// else its cores estimate, else the middle of its bounds; 0 when nothing is
+// known.
+func (e *Engine) coresOf(pod Pod) float64 {
+	if knownCores(pod) {
+		return pod.Cores
+	}
+	if st := e.pods[pod.Name]; st != nil && st.cores.known {
+		lo, hi := coresBounds(pod)
+		c := math.Exp(st.cores.m)
+		if hi > 0 {
+			c = min(c, hi)
+		}
+		return max(c, lo)
+	}
+	lo, hi := coresBounds(pod)
+	switch {
+	case lo > 0 && hi > 0:
+		return math.Sqrt(lo * hi)
+	case lo > 0:
+		return lo
+	default:
+		return hi
+	}
+}
+
+// median of xs (0 for none); xs is reordered.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// overlapInflation is how much more a filtered estimate wanders because
+// consecutive readings share data: a 1m rate read every 30s sees half of
+// the previous window again, so its errors are correlated (an AR(1) with
+// rho the shared fraction, whose averages' variance grows by
+// (1+rho)/(1-rho)).
+func (e *Engine) overlapInflation() float64 {
+	if e.cycle <= 0 {
+		return 1
+	}
+	rho := min(max(1-float64(e.cycle)/float64(e.params.QueryWindow), 0), 0.9)
+	return (1 + rho) / (1 - rho)
 }

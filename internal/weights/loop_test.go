@@ -214,20 +214,47 @@ func (l *closedLoop) step() Result {
 }
 
 // shareError is the largest relative gap between a pod's weight share and
-// its capacity share.
+// the share the promise gives it: the solver's optimum with the true cores
+// and speeds at the true load when the engine is told the cores, else
+// (nothing shows utilisation) capacity shares.
 func (l *closedLoop) shareError() float64 {
-	wsum, csum := 0.0, 0.0
-	for i, pod := range l.pods {
+	want := l.wantShares()
+	wsum := 0.0
+	for _, pod := range l.pods {
 		wsum += float64(l.live[pod.Name])
-		csum += l.speed[i]
 	}
 	worst := 0.0
 	for i, pod := range l.pods {
 		got := float64(l.live[pod.Name]) / wsum
-		want := l.speed[i] / csum
-		worst = max(worst, math.Abs(got/want-1))
+		worst = max(worst, math.Abs(got/want[i]-1))
 	}
 	return worst
+}
+
+// wantShares is the share each pod should carry (see shareError), floored
+// at the MaxRatio bound as the engine's weights are.
+func (l *closedLoop) wantShares() []float64 {
+	x := make([]float64, len(l.pods))
+	if l.pods[0].Cores > 0 {
+		dp := make([]decidePod, len(l.pods))
+		capacity := 0.0
+		for i := range l.pods {
+			dp[i] = decidePod{c: l.cores, v: l.speed[i], upper: math.Inf(1)}
+			capacity += l.cores * l.speed[i]
+		}
+		x = solve(dp, l.offered*l.work)
+	} else {
+		copy(x, l.speed)
+	}
+	p := l.engine.params.proposalFrom(l.now, l.pods, x)
+	sum := 0.0
+	for _, v := range p {
+		sum += v
+	}
+	for i := range p {
+		p[i] /= sum
+	}
+	return p
 }
 
 // hetero12 is the reference scenario: 4 pods each at speeds 1.0, 0.6, 0.35.
@@ -240,3 +267,6 @@ func hetero12() []float64 {
 	}
 	return s
 }
+
+// capacityParams are the defaults the loop tests run with.
+func capacityParams() Params { return DefaultParams() }

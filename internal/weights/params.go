@@ -16,32 +16,24 @@ const (
 	maxWeightSum = math.MaxUint32 - 1
 	// maxMeanTimesRatio keeps MeanWeight*MaxRatio*MaxEndpoints below 2^32-1.
 	maxMeanTimesRatio = maxWeightSum / MaxEndpoints
-	// minFloorWeight is the smallest weight MeanWeight/MaxRatio may be: below
-	// it, rounding to integers distorts the shares of the slowest pods.
-	minFloorWeight = 10
-	// maxSpeedTilt bounds SpeedTilt: beyond it shares stray far from
-	// capacity shares and utilisation is no longer even.
-	maxSpeedTilt = 0.5
 )
 
 // DefaultParams returns parameters that suit a Service scraped every 15 s
 // and queried every 30 s with rate(...[1m]).
 func DefaultParams() Params {
 	return Params{
-		QueryWindow:     time.Minute,
-		ScrapeInterval:  15 * time.Second,
-		DeadBand:        0.05,
-		MaxStep:         1.0,
-		MaxRatio:        10,
-		Smoothing:       0.05,
-		MinCPU:          0.05,
-		SlowStart:       0,
-		Expiry:          5 * time.Minute,
-		PoolByHardware:  false,
-		SpeedTilt:       0.03,
-		MinimizeLatency: true,
-		DrainTime:       15 * time.Second,
-		MeanWeight:      1000,
+		QueryWindow:    time.Minute,
+		ScrapeInterval: 15 * time.Second,
+		DeadBand:       0.05,
+		MaxStep:        1.0,
+		MaxRatio:       10,
+		Smoothing:      0.05,
+		MinCPU:         0.05,
+		SlowStart:      0,
+		Expiry:         5 * time.Minute,
+		PoolByHardware: false,
+		DrainTime:      15 * time.Second,
+		MeanWeight:     1000,
 	}
 }
 
@@ -81,9 +73,6 @@ func (p Params) Validate() error {
 	if p.Expiry <= 0 {
 		bad("expiry %v must be positive", p.Expiry)
 	}
-	if !inRange(p.SpeedTilt, 0, maxSpeedTilt) {
-		bad("speed tilt %v must be between 0 and %v", p.SpeedTilt, maxSpeedTilt)
-	}
 	if p.DrainTime < 0 {
 		bad("drain time %v must not be negative", p.DrainTime)
 	}
@@ -91,9 +80,9 @@ func (p Params) Validate() error {
 		bad("mean weight must be positive")
 	} else if inRange(p.MaxRatio, 1, 1000) {
 		mean := float64(p.MeanWeight)
-		if mean/p.MaxRatio < minFloorWeight {
-			bad("mean weight %d divided by max ratio %v must be at least %d, or rounding distorts small weights",
-				p.MeanWeight, p.MaxRatio, minFloorWeight)
+		if mean/p.MaxRatio < 1/maxRounding {
+			bad("mean weight %d divided by max ratio %v must be at least %v, or rounding distorts small weights",
+				p.MeanWeight, p.MaxRatio, 1/maxRounding)
 		}
 		if mean*p.MaxRatio > maxMeanTimesRatio {
 			bad("mean weight %d times max ratio %v must be at most %d, so that %d endpoints sum below 2^32-1",
@@ -135,14 +124,11 @@ func (p Params) sanitized() Params {
 	if p.Expiry <= 0 {
 		p.Expiry = d.Expiry
 	}
-	if !inRange(p.SpeedTilt, 0, maxSpeedTilt) {
-		p.SpeedTilt = d.SpeedTilt
-	}
 	if p.DrainTime < 0 {
 		p.DrainTime = d.DrainTime
 	}
 	mean := float64(p.MeanWeight)
-	if p.MeanWeight == 0 || mean/p.MaxRatio < minFloorWeight || mean*p.MaxRatio > maxMeanTimesRatio {
+	if p.MeanWeight == 0 || mean/p.MaxRatio < 1/maxRounding || mean*p.MaxRatio > maxMeanTimesRatio {
 		p.MeanWeight, p.MaxRatio = d.MeanWeight, d.MaxRatio
 	}
 	return p
@@ -152,8 +138,12 @@ func (p Params) sanitized() Params {
 func inRange(v, lo, hi float64) bool { return v >= lo && v <= hi }
 
 // slowStartFloor is the share of its full weight a pod gets the moment it
-// becomes ready when SlowStart is on (Envoy's slow start uses 10% too).
+// becomes ready when SlowStart is on: Envoy's slow start starts at 10%.
 const slowStartFloor = 0.1
+
+// maxRounding is the most a weight's rounding to an integer may move it:
+// a tenth, at the smallest weight (MeanWeight/MaxRatio at least 10).
+const maxRounding = 0.1
 
 // rampFactor is how far through slow start pod is at now: slowStartFloor
 // when it just became ready, 1 once SlowStart has passed.

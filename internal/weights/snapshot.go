@@ -30,12 +30,15 @@ func (e *Engine) Snapshot() Snapshot {
 
 // Valid reports whether s holds a measured noise in the engine's range.
 func (s Snapshot) Valid() bool {
-	return s.NoiseCycles > 0 && !math.IsNaN(s.Noise) && s.Noise >= minNoise && s.Noise <= 0.5
+	return s.NoiseCycles > 0 && !math.IsNaN(s.Noise) && s.Noise > 0 && s.Noise <= 0.5
 }
 
-// Similar reports whether s and o differ by less than a persisting is
-// worth: noise within 20%, the cycle within 10%. Noise keeps moving a little
-// every cycle; persisting each move would write every cycle.
+// Similar reports whether s and o differ by less than persisting is
+// worth: noise within 20% (the noise's own estimate, averaged over a few
+// cycles, moves by that much), the cycle within 10% (its jitter), and the
+// same count of cycles up to the few the noise is first averaged over.
+// Noise keeps moving a little every cycle; persisting each move would
+// write every cycle.
 func (s Snapshot) Similar(o Snapshot) bool {
 	if s.Valid() != o.Valid() {
 		return false
@@ -45,34 +48,31 @@ func (s Snapshot) Similar(o Snapshot) bool {
 	}
 	near := func(a, b, tol float64) bool { return math.Abs(math.Log(max(a, 1e-9)/max(b, 1e-9))) <= tol }
 	return near(s.Noise, o.Noise, 0.2) && near(s.CycleSeconds, o.CycleSeconds, 0.1) &&
-		min(s.NoiseCycles, maxNoiseCycles) == min(o.NoiseCycles, maxNoiseCycles)
+		min(s.NoiseCycles, 5) == min(o.NoiseCycles, 5)
 }
 
-// maxNoiseCycles is the cap of Engine.noiseCycles (see measureNoise).
-const maxNoiseCycles = 5
-
 // SeedSettled is Seed for a manager that takes over from one that ran
-// before: the live weights are taken as settled estimates, averaged over
-// as many observations as the smoothing keeps (not as rough first guesses,
-// which the next noisy observation would move), and the noise s measured
-// is restored, so that noise inside the dead band moves nothing, as it
-// moved nothing for the manager before. A real change of a pod is still
-// found by the jump and drift tests, as in a long-running engine. An
-// invalid s (none persisted yet) leaves the noise unmeasured.
+// before: the live weights are what that engine decided, so the first
+// cycle with data takes the capacities that make them the solver's answer
+// at the load it measures, and their variances are those of estimates
+// that have settled (a settled filter's variance is Smoothing times a
+// reading's), with the noise s measured restored. Noise then moves
+// nothing, as it moved nothing for the manager before; a real change is
+// still found by the CUSUM and jump tests. An invalid s (none persisted
+// yet) leaves the noise at its prior.
 func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
-	e.Seed(now, w)
 	if s.Valid() {
-		e.noise = s.Noise
-		e.noiseCycles = min(s.NoiseCycles, maxNoiseCycles)
+		e.noise = min(max(s.Noise, minNoise), 0.5)
+		e.noiseCycles = min(s.NoiseCycles, e.params.memory())
 		if c := time.Duration(s.CycleSeconds * float64(time.Second)); c > 0 && !math.IsInf(s.CycleSeconds, 0) {
 			e.cycle = c
 		}
 	}
-	settled := int(math.Ceil(1 / e.params.Smoothing))
+	e.seed(now, w, e.params.Smoothing*e.noise*e.noise)
 	for name := range w {
-		if st := e.pods[name]; st != nil && st.measurements < settled {
-			st.measurements = settled
-			st.publishedGain = e.gain(st)
+		if st := e.pods[name]; st != nil {
+			st.speed.n = e.params.memory()
 		}
 	}
+	e.calibrate = true
 }

@@ -1,0 +1,359 @@
+package weights
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// service is a steady Service in closed form, for the calm control plane
+// tests: each pod has cores and a speed (requests per core-second); the
+// clients send a total rate in proportion to the live weights averaged over
+// the query window; a pod's CPU is what it serves over its speed, its
+// latency an M/M/c queue's (Sakasegawa), its node runs one core of other
+// work. One signal may carry a uniform ±noise.
+type service struct {
+	t       *testing.T
+	e       *Engine
+	pods    []Pod
+	cores   []float64
+	speed   []float64
+	rate    float64 // total requests per second
+	now     time.Time
+	shares  []map[string]float64 // the shares of the last two cycles
+	noisy   string               // "cpu", "requests", "latency", "node" or ""
+	noise   float64
+	off     map[string]bool // signals not queried: "requests", "latency", "node"
+	rng     *rand.Rand
+	live    map[string]uint32
+	writes  int
+	limited bool
+}
+
+func newService(t *testing.T, limited bool, load float64, seed uint64) *service {
+	s := &service{t: t, e: New(DefaultParams()), now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		off: map[string]bool{}, rng: rand.New(rand.NewPCG(seed, 1)), limited: limited}
+	s.cores = []float64{2, 2, 4, 4, 8, 8}
+	s.speed = []float64{10, 6, 10, 6, 10, 6}
+	capacity := 0.0
+	for i := range s.cores {
+		pod := Pod{Name: fmt.Sprintf("pod-%d", i), Locality: "r/z/s", Node: fmt.Sprintf("node-%d", i)}
+		if limited {
+			pod.Cores = s.cores[i]
+		} else {
+			pod.CPURequest, pod.NodeCores = s.cores[i]/2, s.cores[i]+1
+		}
+		s.pods = append(s.pods, pod)
+		capacity += s.cores[i] * s.speed[i]
+	}
+	s.rate = load * capacity
+	s.live = equalOver(s.pods)
+	s.e.Applied(s.now, s.live)
+	return s
+}
+
+// windowShares averages the live shares of the last two cycles (a one
+// minute window at a 30 s cycle).
+func (s *service) windowShares() map[string]float64 {
+	cur := map[string]float64{}
+	sum := 0.0
+	for _, w := range s.live {
+		sum += float64(w)
+	}
+	for name, w := range s.live {
+		cur[name] = float64(w) / sum
+	}
+	s.shares = append(s.shares, cur)
+	if len(s.shares) > 2 {
+		s.shares = s.shares[1:]
+	}
+	out := map[string]float64{}
+	for _, sh := range s.shares {
+		for name, v := range sh {
+			out[name] += v / float64(len(s.shares))
+		}
+	}
+	return out
+}
+
+func (s *service) jitter(signal string, v float64) float64 {
+	if s.noisy == signal {
+		return v * (1 + s.noise*(2*s.rng.Float64()-1))
+	}
+	return v
+}
+
+// observe returns the signals now; slow multiplies pod 0's latency (a
+// queue the window has not shown yet) when above 1.
+func (s *service) observe(recentFactor float64) Observation {
+	shares := s.windowShares()
+	obs := Observation{Time: s.now, Signals: map[string]Signal{}, Balancer: BalancerRoundRobin}
+	for i, pod := range s.pods {
+		r := s.rate * shares[pod.Name]
+		cpu := min(r/s.speed[i], s.cores[i])
+		rho := cpu / s.cores[i]
+		lat := (1 / s.speed[i]) * (1 + sakasegawaWait(s.cores[i], min(rho, 0.99)))
+		sig := Signal{CPU: s.jitter("cpu", cpu), Requests: s.jitter("requests", min(r, s.cores[i]*s.speed[i])),
+			Latency: s.jitter("latency", lat), NodeCPU: s.jitter("node", cpu+1), RecentLatency: lat}
+		if i == 0 && recentFactor > 1 {
+			sig.RecentLatency = lat * recentFactor
+		}
+		if s.off["requests"] {
+			sig.Requests = math.NaN()
+		}
+		if s.off["latency"] {
+			sig.Latency, sig.RecentLatency = math.NaN(), math.NaN()
+		}
+		if s.off["node"] {
+			sig.NodeCPU = math.NaN()
+		}
+		obs.Signals[pod.Name] = sig
+	}
+	return obs
+}
+
+// step advances one 30 s cycle, updates and applies.
+func (s *service) step() Result {
+	s.now = s.now.Add(30 * time.Second)
+	return s.apply(s.e.Update(s.pods, s.observe(1)))
+}
+
+func (s *service) apply(res Result) Result {
+	if res.Changed {
+		s.live = maps.Clone(res.Weights)
+		s.e.Applied(s.now, res.Weights)
+		s.writes++
+	}
+	return res
+}
+
+// converge runs n cycles and resets the write count.
+func (s *service) converge(n int) {
+	for range n {
+		s.step()
+	}
+	s.writes = 0
+}
+
+// Noise of ±20% on any one signal, the others steady, writes nothing once
+// the weights have converged.
+func TestNoiseOnOneSignalWritesNothing(t *testing.T) {
+	for _, limited := range []bool{true, false} {
+		for _, signal := range []string{"cpu", "requests", "latency", "node"} {
+			for seed := range uint64(2) {
+				t.Run(fmt.Sprintf("limits %v noisy %s seed %d", limited, signal, seed), func(t *testing.T) {
+					s := newService(t, limited, 0.7, seed)
+					s.noisy, s.noise = signal, 0.2
+					s.converge(200)
+					for k := range 200 {
+						if res := s.step(); res.Changed {
+							t.Fatalf("cycle %d after convergence: a write on noise: %s", k+1, res.Message)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// A steady Service without noise writes nothing after its first cycles.
+func TestSteadyServiceWritesNothing(t *testing.T) {
+	for _, limited := range []bool{true, false} {
+		s := newService(t, limited, 0.8, 0)
+		s.converge(40)
+		for k := range 100 {
+			if res := s.step(); res.Changed {
+				t.Fatalf("limits %v, steady cycle %d: %s", limited, k+1, res.Message)
+			}
+		}
+	}
+}
+
+// After a restart from a valid snapshot nothing is written in the first
+// five cycles, whichever of the optional queries answer (request rates,
+// latency, node CPU), latency switched off included.
+func TestRestartWritesNothingWhateverTheQueries(t *testing.T) {
+	for _, limited := range []bool{true, false} {
+		for mask := range 8 {
+			off := map[string]bool{"requests": mask&1 != 0, "latency": mask&2 != 0, "node": mask&4 != 0}
+			t.Run(fmt.Sprintf("limits %v off %v", limited, off), func(t *testing.T) {
+				s := newService(t, limited, 0.7, 3)
+				s.noisy, s.noise = "cpu", 0.05
+				s.converge(200)
+				snap := s.e.Snapshot()
+				if !snap.Valid() {
+					t.Fatalf("no snapshot after 200 cycles: %+v", snap)
+				}
+				s.e = New(DefaultParams())
+				s.e.SeedSettled(s.now, s.live, snap)
+				s.off = off
+				for k := range 5 {
+					if res := s.step(); res.Changed {
+						t.Fatalf("cycle %d after the restart: %s", k+1, res.Message)
+					}
+				}
+			})
+		}
+	}
+}
+
+// A partial answer moves no weight of a pod without data, says which pods
+// lacked it, and moves the others only as far as their own data shows.
+func TestPartialAnswer(t *testing.T) {
+	s := newService(t, true, 0.7, 0)
+	s.converge(60)
+	before := maps.Clone(s.live)
+	s.now = s.now.Add(30 * time.Second)
+	obs := s.observe(1)
+	for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
+		delete(obs.Signals, name)
+	}
+	res := s.apply(s.e.Update(s.pods, obs))
+	r, ok := Has(res.Reasons, ReasonPartialData)
+	if !ok || fmt.Sprint(r.Pods) != "[pod-0 pod-2 pod-4]" {
+		t.Fatalf("reasons %+v: want PartialData for pod-0, pod-2, pod-4", res.Reasons)
+	}
+	if res.Changed {
+		t.Errorf("the pods with data are as before, yet weights moved: %v -> %v (%s)", before, res.Weights, res.Message)
+	}
+
+	// Now one pod with data slows to half its speed: it moves, the pods
+	// without data keep their exact weights.
+	s.speed[1] /= 2
+	for range 4 {
+		s.now = s.now.Add(30 * time.Second)
+		obs := s.observe(1)
+		for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
+			delete(obs.Signals, name)
+		}
+		res = s.apply(s.e.Update(s.pods, obs))
+		for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
+			if res.Weights[name] != before[name] {
+				t.Fatalf("%s had no data, yet its weight moved %d -> %d (%s)", name, before[name], res.Weights[name], res.Message)
+			}
+		}
+	}
+	if s.live["pod-1"] >= before["pod-1"] {
+		t.Errorf("pod-1 slowed to half, weight %d -> %d", before["pod-1"], s.live["pod-1"])
+	}
+}
+
+// After a slowdown the slowed pod's weight is cut at the first look or
+// cycle that can show it, the early cycle and the regular cycle after it
+// on the same scrapes never move a weight in opposite directions, and the
+// pod's weight is not raised while its backlog remains.
+func TestSlowdownIsCutAtOnceAndNotRaisedWhileBehind(t *testing.T) {
+	s := newService(t, true, 0.8, 0)
+	s.converge(60)
+	if !s.e.Alarming() {
+		t.Fatal("a converged engine does not look between cycles")
+	}
+	w0 := maps.Clone(s.live)
+	// pod-0 slowed to half its speed at 80% load: it is sent 0.8 and
+	// serves 0.5 of its capacity, so in the 20 s before the first scrape
+	// that shows it a queue of 6 s of its service grew, and its latency
+	// over the last two scrapes is some 30 times its usual.
+	s.now = s.now.Add(10 * time.Second)
+	look := s.observe(30)
+	s.shares = s.shares[:len(s.shares)-1] // a look is not a cycle
+	pod, _, ring := s.e.Alarm(s.pods, Observation{Time: s.now, Signals: look.Signals})
+	if !ring || pod != "pod-0" {
+		t.Fatalf("the look after the slowdown rang %v for %q, want pod-0", ring, pod)
+	}
+	look.Early = true
+	early := s.apply(s.e.Update(s.pods, look))
+	if early.Weights["pod-0"] >= w0["pod-0"] {
+		t.Fatalf("the early cycle did not cut pod-0: %d -> %d (%s)", w0["pod-0"], early.Weights["pod-0"], early.Message)
+	}
+	if _, ok := Has(early.Reasons, ReasonBacklog); !ok {
+		t.Errorf("no Backlog reason: %+v", early.Reasons)
+	}
+	w1 := maps.Clone(s.live)
+	// The regular cycle 5 s later, on the same scrapes.
+	s.now = s.now.Add(5 * time.Second)
+	look.Early, look.Time = false, s.now
+	regular := s.apply(s.e.Update(s.pods, look))
+	for name := range w0 {
+		d1 := float64(w1[name]) - float64(w0[name])
+		d2 := float64(regular.Weights[name]) - float64(w1[name])
+		if d1*d2 < 0 {
+			t.Errorf("%s moved %d -> %d -> %d on the same scrapes", name, w0[name], w1[name], regular.Weights[name])
+		}
+	}
+	// While its latency still shows the queue, it is not raised.
+	cut := s.live["pod-0"]
+	for k := range 4 {
+		s.now = s.now.Add(30 * time.Second)
+		res := s.apply(s.e.Update(s.pods, s.observe(10)))
+		if res.Weights["pod-0"] > cut {
+			t.Fatalf("cycle %d: pod-0 raised %d -> %d while behind (%s)", k+1, cut, res.Weights["pod-0"], res.Message)
+		}
+		cut = res.Weights["pod-0"]
+	}
+}
+
+// Reasons are typed: status and tests read codes, not prose.
+func TestReasonsAreTyped(t *testing.T) {
+	pods := []Pod{{Name: "a"}, {Name: "b"}}
+	now := time.Unix(0, 0)
+	e := New(DefaultParams())
+	tests := map[string]struct {
+		obs  Observation
+		want ReasonCode
+		mode Mode
+	}{
+		"query failed": {obs: Observation{Time: now, Err: fmt.Errorf("boom")}, want: ReasonQueryFailed, mode: ModeHolding},
+		"no data":      {obs: Observation{Time: now, Signals: map[string]Signal{}}, want: ReasonNoData, mode: ModeNoData},
+		"low load": {obs: Observation{Time: now, Signals: map[string]Signal{"a": {CPU: 0.001}, "b": {CPU: 0.001}}},
+			want: ReasonLowLoad, mode: ModeLowLoad},
+		"partial": {obs: Observation{Time: now, Signals: map[string]Signal{"a": {CPU: 1, Requests: 10}}},
+			want: ReasonPartialData, mode: ModeSteady},
+	}
+	for name, tc := range tests {
+		res := e.Update(pods, tc.obs)
+		if _, ok := Has(res.Reasons, tc.want); !ok {
+			t.Errorf("%s: reasons %+v, want %s", name, res.Reasons, tc.want)
+		}
+		if tc.mode != ModeSteady && res.Mode != tc.mode {
+			t.Errorf("%s: mode %s, want %s", name, res.Mode, tc.mode)
+		}
+		if res.Message == "" {
+			t.Errorf("%s: no message", name)
+		}
+	}
+}
+
+// Failed queries hold the weights until Expiry, then every pod gets the
+// same weight at once (Fallback), and the weights return when data does.
+func TestExpiryFallsBackToEqualWeights(t *testing.T) {
+	s := newService(t, true, 0.7, 0)
+	s.converge(20)
+	learned := maps.Clone(s.live)
+	for k := 0; ; k++ {
+		s.now = s.now.Add(30 * time.Second)
+		res := s.apply(s.e.Update(s.pods, Observation{Time: s.now, Err: fmt.Errorf("backend down")}))
+		if s.now.Sub(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(20*30*time.Second)) <= DefaultParams().Expiry {
+			if res.Mode != ModeHolding || !maps.Equal(res.Weights, learned) {
+				t.Fatalf("cycle %d within expiry: mode %s weights %v, want the learned ones held", k+1, res.Mode, res.Weights)
+			}
+			continue
+		}
+		if res.Mode != ModeFallback {
+			t.Fatalf("past expiry: mode %s", res.Mode)
+		}
+		for name, w := range res.Weights {
+			if w != DefaultParams().MeanWeight {
+				t.Fatalf("past expiry: %s has %d, want equal weights", name, w)
+			}
+		}
+		break
+	}
+	s.step()
+	res := s.step()
+	if res.Mode == ModeFallback || maps.Equal(s.live, equalOver(s.pods)) {
+		t.Fatalf("data back, still %s with %v", res.Mode, s.live)
+	}
+}

@@ -1,0 +1,424 @@
+package weights
+
+import (
+	"math"
+	"time"
+)
+
+// Stage 1, observe: the signals of one cycle and the weight timeline become
+// per-pod readings with their uncertainty. Nothing here remembers anything
+// between cycles except what it is handed (the backlog a window ago, the
+// latency the last cycle saw); a pod without data gives no reading, never
+// a zero.
+
+// reading is what one cycle's data says about one pod.
+type reading struct {
+	cpu, requests, latency          float64
+	hasCPU, hasRequests, hasLatency bool
+	recentLatency                   float64 // 0 = unknown
+	recentCPU                       float64 // 0 = unknown
+	nodeCPU                         float64 // 0 = unknown
+
+	// limit is the most CPU the pod could use this window: its Cores, else
+	// its own CPU plus its share of its node's idle CPU; 0 = unknown.
+	limit float64
+	// nodeCeiling is the same from the node's figures, negative idle CPU
+	// included (a saturated pod's node shows idle CPU that is noise around
+	// zero), for the cores filter; 0 = unknown.
+	nodeCeiling float64
+	// saturated: the pod used all the CPU it could (saturatedUse of its
+	// limit): it shows what it could do, not what it was sent.
+	saturated bool
+
+	// speed is the pod's log speed per core in this cycle's raw units, an
+	// interval [lo, hi] because the span the backend's rate() averaged is
+	// not known exactly (see rateWindows); ok = there is one. upper: the
+	// reading is censored, the speed is at most hi (CPU alone at the
+	// limit: it was sent more than it served).
+	speed struct {
+		ok, upper bool
+		lo, hi    float64
+	}
+	// shareLo, shareHi: the pod's average traffic share over the window;
+	// shareOK = it was in the set for all of it.
+	shareLo, shareHi float64
+	shareOK          bool
+
+	// cores is what its latency says of the cores of a pod without a
+	// limit (Erlang C), 0 = nothing.
+	cores float64
+	// backlog is the requests queued at the pod beyond its usual queue,
+	// as measured this cycle; capRate the requests per second it can
+	// serve (0 = unknown).
+	backlog, capRate float64
+}
+
+// cycleReadings is one cycle's readings in set order, with what holds for
+// the whole Service.
+type cycleReadings struct {
+	pods    []reading
+	withCPU int
+	meanCPU float64
+	// fromRequests: speeds are requests per CPU-second, because at least
+	// half of the pods with CPU data have request data too; else CPU alone.
+	fromRequests bool
+	// noData lists the pods without CPU data.
+	noData []string
+}
+
+// saturatedUse is the share of its CPU limit above which a pod counts as
+// saturated. CPU rates of a pod pinned at its limit read 97-100% of it
+// (the scrape and the cgroup's accounting are not aligned), while a pod
+// below 97% had idle moments.
+const saturatedUse = 0.97
+
+// usable reports whether a signal value is data: NaN, Inf and negative
+// values are what broken exporters and counter resets produce.
+func usable(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
+
+// readSignals reduces the observation to the set, in set order.
+func readSignals(set []Pod, obs map[string]Signal) cycleReadings {
+	out := cycleReadings{pods: make([]reading, len(set))}
+	total, withRequests := 0.0, 0
+	for i, pod := range set {
+		raw, ok := obs[pod.Name]
+		r := &out.pods[i]
+		if ok && usable(raw.CPU) {
+			r.cpu, r.hasCPU = raw.CPU, true
+			out.withCPU++
+			total += raw.CPU
+		} else {
+			out.noData = append(out.noData, pod.Name)
+		}
+		if !ok {
+			continue
+		}
+		if usable(raw.Requests) {
+			r.requests, r.hasRequests = raw.Requests, true
+		}
+		if usable(raw.Latency) && raw.Latency > 0 {
+			r.latency, r.hasLatency = raw.Latency, true
+		}
+		if usable(raw.NodeCPU) && raw.NodeCPU > 0 {
+			r.nodeCPU = raw.NodeCPU
+		}
+		if usable(raw.RecentLatency) {
+			r.recentLatency = raw.RecentLatency
+		}
+		if usable(raw.RecentCPU) {
+			r.recentCPU = raw.RecentCPU
+		}
+		if r.hasCPU && r.cpu > 0 && r.hasRequests && r.requests > 0 {
+			withRequests++
+		}
+	}
+	if out.withCPU > 0 {
+		out.meanCPU = total / float64(out.withCPU)
+	}
+	out.fromRequests = withRequests > 0 && 2*withRequests >= out.withCPU
+	ceilings(set, out.pods)
+	for i := range out.pods {
+		r := &out.pods[i]
+		r.saturated = r.hasCPU && r.limit > 0 && r.cpu >= saturatedUse*r.limit
+	}
+	return out
+}
+
+// readRecentCPU marks as saturated the pods whose CPU over the last two
+// scrape intervals (Signal.RecentCPU) is at their limit and stands out of
+// the window's by zSigmas of how the two usually differ for that pod
+// (ratios: its last |log(recent/window)| while below its limit): a pod that
+// just reached its limit shows it there a cycle before the window does,
+// while one serving few, long requests reaches it over two scrapes by
+// chance now and then. The bar is half a reading's (zSigmas/2): the pod is
+// at its limit besides, and the costs are lopsided, a false alarm one cycle
+// of LEAST_REQUEST and a drop of the pod's estimate the next reading
+// undoes, a miss a queue of a window's excess traffic. It returns each pod's ratio to remember, NaN for
+// none.
+func readRecentCPU(c *cycleReadings, ratios [][]float64) []float64 {
+	out := make([]float64, len(c.pods))
+	for i := range c.pods {
+		r := &c.pods[i]
+		out[i] = math.NaN()
+		if !r.hasCPU || !(r.cpu > 0) || !(r.recentCPU > 0) || !(r.limit > 0) {
+			continue
+		}
+		d := math.Log(r.recentCPU / r.cpu)
+		if !r.saturated {
+			out[i] = d
+		}
+		if len(ratios[i]) >= 3 && r.recentCPU >= saturatedUse*r.limit && d > zSigmas/2*math.Sqrt(robustVariance(ratios[i])) {
+			r.saturated = true
+			r.cpu = max(r.cpu, r.recentCPU) // its share per CPU now bounds its speed
+		}
+	}
+	return out
+}
+
+// ceilings sets every pod's limit: its Cores when it has a limit; else,
+// when its node's CPU in use is known, its own CPU plus its share of what
+// the node left idle (allocatable minus in use), shared by the set's pods
+// on that node in proportion to their CPU.
+func ceilings(set []Pod, pods []reading) {
+	type node struct {
+		idle, busy float64
+		n          int
+	}
+	nodes := map[string]*node{}
+	key := func(i int) string {
+		if set[i].Node == "" {
+			return "\x00" + set[i].Name // a pod of an unknown node is alone on it
+		}
+		return set[i].Node
+	}
+	counted := make([]bool, len(set))
+	for i, pod := range set {
+		r := &pods[i]
+		if knownCores(pod) {
+			r.limit = pod.Cores
+			continue
+		}
+		_, hi := coresBounds(pod)
+		if !r.hasCPU || r.nodeCPU <= 0 || hi <= 0 {
+			continue
+		}
+		nd := nodes[key(i)]
+		if nd == nil {
+			nd = &node{idle: math.Inf(-1)}
+			nodes[key(i)] = nd
+		}
+		nd.idle = max(nd.idle, hi-r.nodeCPU)
+		nd.busy += r.cpu
+		nd.n++
+		counted[i] = true
+	}
+	for i := range set {
+		if !counted[i] {
+			continue
+		}
+		r := &pods[i]
+		nd := nodes[key(i)]
+		share := 1 / float64(nd.n)
+		if nd.busy > 0 {
+			share = r.cpu / nd.busy
+		}
+		r.limit = r.cpu + max(0, nd.idle)*share
+		r.nodeCeiling = max(r.cpu+nd.idle*share, r.cpu/2)
+	}
+}
+
+// readSpeeds sets each pod's traffic share over the window and its speed
+// reading. With request rates the speed is requests per CPU-second, which
+// does not depend on the traffic share except through the misalignment of
+// the two rates' scrapes; with CPU alone it is the traffic share per
+// CPU-second, censored from above for a pod at its limit. Pods the data
+// cannot speak for give none: no CPU, warming up within the window, or
+// (with CPU alone) a window reaching back before the engine's weights
+// were live.
+func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []segment, cpuWindowsValid bool) {
+	windows := rateWindows(p, segs)
+	misalignment := 0.0
+	if w, sc := p.QueryWindow, p.ScrapeInterval; sc > 0 {
+		misalignment = float64(sc) / float64(w-sc)
+	}
+	for i, pod := range set {
+		r := &c.pods[i]
+		r.shareLo, r.shareHi, r.shareOK = shareRange(pod.Name, segs, windows)
+		if !r.hasCPU || r.cpu <= 0 || !r.shareOK || warming(p, pod, now) {
+			continue
+		}
+		switch {
+		case c.fromRequests:
+			if !r.hasRequests || r.requests <= 0 {
+				continue
+			}
+			perCPU := r.requests / r.cpu
+			spread := (r.shareHi/r.shareLo - 1) * misalignment
+			if r.saturated {
+				spread = 0 // busy all the time: serves at its speed however the rates align
+			}
+			r.speed.lo, r.speed.hi = math.Log(perCPU/(1+spread)), math.Log(perCPU*(1+spread))
+		case !cpuWindowsValid:
+			continue
+		default:
+			r.speed.lo, r.speed.hi = math.Log(r.shareLo/r.cpu), math.Log(r.shareHi/r.cpu)
+			r.speed.upper = r.saturated
+		}
+		r.speed.ok = !math.IsNaN(r.speed.lo) && !math.IsInf(r.speed.lo, 0) && !math.IsInf(r.speed.hi, 0)
+	}
+}
+
+// warming reports whether the pod's rates over the window at now include
+// time before it was ready or warm.
+func warming(p Params, pod Pod, now time.Time) bool {
+	return !pod.ReadySince.IsZero() && pod.ReadySince.Add(p.SlowStart).After(now.Add(-p.horizon()))
+}
+
+// readCores solves, for every pod without a limit with latency data over a
+// window of steady share, the cores its queue shows: with u busy cores, s =
+// u/requests CPU-seconds per request and mean latency L, the wait over the
+// service time (L-s)/s is what an M/M/c queue of c cores shows at u busy
+// cores, ErlangC(c, u)/(c-u). A wait within the readings' noise of the
+// service time only says the pod has at least the cores that would show
+// that much: the latency and CPU series are scraped apart, and cannot tell
+// less from noise.
+func readCores(set []Pod, c *cycleReadings, noise float64) {
+	for i, pod := range set {
+		r := &c.pods[i]
+		if knownCores(pod) || !r.hasCPU || r.cpu <= 0 || !r.hasRequests || r.requests <= 0 || !r.hasLatency || !r.shareOK {
+			continue
+		}
+		if math.Log(r.shareHi/r.shareLo) > max(noise, minNoise) {
+			continue // the load changed within the window: its mean wait says little
+		}
+		lo, hi := coresBounds(pod)
+		if r.limit > 0 {
+			hi = min(hi, r.limit)
+		}
+		lo = max(lo, r.cpu)
+		if hi <= 0 {
+			hi = maxCores
+		}
+		hi = max(hi, lo)
+		perRequest := r.cpu / r.requests
+		wait := max(r.latency/perRequest-1, noise, minNoise)
+		r.cores = min(max(coresForWait(r.cpu, wait, hi), lo), hi)
+	}
+}
+
+// coresForWait solves ErlangC(c, a)/(c-a) = wait for c in (a, hi]: the
+// cores of a pod that, busy a cores on average, makes requests wait wait
+// times their service time. Between integers, 1/wait is interpolated
+// linearly (from 0 at c = a). It returns hi when even hi cores would make
+// requests wait that long or longer.
+func coresForWait(a, wait, hi float64) float64 {
+	if !(a > 0) || !(wait > 0) {
+		return hi
+	}
+	limit := min(hi, maxCores)
+	b := 1.0 // Erlang B by its stable recursion, B(0) = 1
+	prevC, prevInv := a, 0.0
+	for n := 1; float64(n) <= limit+1; n++ {
+		b = a * b / (float64(n) + a*b)
+		c := float64(n)
+		if c <= a {
+			continue
+		}
+		erlangC := c * b / (c - a*(1-b))
+		inv := (c - a) / erlangC
+		if inv >= 1/wait {
+			t := (1/wait - prevInv) / (inv - prevInv)
+			return min(prevC+t*(c-prevC), limit)
+		}
+		prevC, prevInv = c, inv
+	}
+	return limit
+}
+
+// backlogMemory is what the backlog reading needs from before: the pod's
+// backlog one query window ago and the latency the last cycle saw.
+type backlogMemory struct {
+	before  float64
+	latency float64
+	alarmed func(ratio float64) bool
+}
+
+// readBacklogs measures each pod's backlog: the requests queued at it
+// beyond its usual queue.
+//
+//   - With request rates and weights the clients follow (ROUND_ROBIN over
+//     the engine's own live weights), over the window a pod was sent its
+//     average share of the total, the total being what the pods that keep
+//     up serve per unit of share (a median). Sent minus served, times the
+//     window, is how much its queue grew: the backlog is the one a window
+//     ago plus that growth, when the shortfall stands out of a Poisson
+//     count's and the rates' misalignment's noise by zSigmas. A pod below
+//     its limit whose queue did not grow had idle moments: none.
+//   - Whatever the balancer, by Little's law a pod's latency beyond the
+//     usual shows a queue: requests times the extra wait. The recent
+//     latency that rings the alarm (see alarmed) gives it a cycle, or a
+//     look, after the first scrape that shows it.
+//
+// A backlog is capped at one query window of the pod's capacity: clients
+// time out long before a larger one would be served.
+func readBacklogs(p Params, set []Pod, c *cycleReadings, mem []backlogMemory, followsWeights bool) {
+	w := p.QueryWindow.Seconds()
+	misalignment := 0.0
+	if sc := p.ScrapeInterval; sc > 0 {
+		misalignment = float64(sc) / float64(p.QueryWindow-sc)
+	}
+	var perShare []float64
+	if c.fromRequests && followsWeights {
+		for _, r := range c.pods {
+			if r.hasCPU && r.cpu > 0 && r.hasRequests && r.shareOK && !r.saturated {
+				perShare = append(perShare, r.requests/math.Sqrt(r.shareLo*r.shareHi))
+			}
+		}
+	}
+	total := median(perShare)
+	for i := range set {
+		r := &c.pods[i]
+		if !r.hasCPU || r.cpu <= 0 || !r.hasRequests || r.requests <= 0 {
+			continue
+		}
+		r.capRate = r.requests
+		if r.limit > 0 {
+			r.capRate = max(r.requests, r.requests/r.cpu*r.limit)
+		}
+		q := 0.0
+		if total > 0 && r.shareOK {
+			sent := math.Sqrt(r.shareLo*r.shareHi) * total
+			sd := math.Sqrt(r.requests*w+1) + misalignment*sent*w
+			grew := (r.shareLo*total-r.requests)*w >= zSigmas*sd
+			shrank := (r.requests-r.shareHi*total)*w >= zSigmas*sd
+			switch {
+			case r.limit > 0 && !r.saturated && !grew:
+				q = 0
+			case grew || shrank || r.saturated:
+				q = max(0, mem[i].before+(sent-r.requests)*w)
+			}
+		}
+		if ref := mem[i].latency; ref > 0 && r.recentLatency > 0 && mem[i].alarmed != nil && mem[i].alarmed(r.recentLatency/ref) {
+			q = max(q, r.requests*(r.recentLatency-ref))
+		}
+		q = min(q, r.capRate*w)
+		if !(q >= 0) || math.IsInf(q, 0) {
+			q = 0
+		}
+		r.backlog = q
+	}
+}
+
+// offeredLoad is the work the pods did over the window, in busy cores
+// times speed per core, over the pods with CPU data.
+func offeredLoad(c *cycleReadings, perCore []float64) float64 {
+	sum := 0.0
+	for i, r := range c.pods {
+		if r.hasCPU {
+			sum += r.cpu * perCore[i]
+		}
+	}
+	return sum
+}
+
+// coresBounds returns the range the pod's cores can be in, from its CPU
+// request and its node's allocatable CPU (0 for an unknown end).
+func coresBounds(pod Pod) (lo, hi float64) {
+	if pod.CPURequest > 0 && pod.CPURequest <= maxCores {
+		lo = pod.CPURequest
+	}
+	if pod.NodeCores > 0 && pod.NodeCores <= maxCores {
+		hi = pod.NodeCores
+	}
+	if hi > 0 && lo > hi {
+		lo = hi
+	}
+	return lo, hi
+}
+
+// knownCores reports whether the pod's Cores is a plausible CPU limit.
+func knownCores(pod Pod) bool { return pod.Cores > 0 && pod.Cores <= maxCores }
+
+// maxCores is more CPU than one pod has (the largest machines have a few
+// hundred cores); larger values are taken as noise.
+const maxCores = 1024

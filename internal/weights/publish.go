@@ -1,0 +1,249 @@
+package weights
+
+import (
+	"math"
+	"time"
+)
+
+// Stage 4, publish: write only when the targets are predicted to serve the
+// Service better than the live weights by more than the estimates'
+// uncertainty and a write's cost. Both sides are in the solver's
+// objective, the total time in system T: the gain is T(live) - T(targets);
+// the bar is what the same objective charges for targets each off by
+// chance past zSigmas (each pod's noise gain is ½ T''_i x_i² times the
+// variance of the gap of its target, the capacity's carried through the
+// solver: a scaled chi-square), plus the cost of a write,
+// DeadBand² of the request time (0.25% at the default 5%: every weight 5%
+// off at about half load costs that much). Noise alone moves the targets
+// by about their standard deviation, so it does not pass; near full load a
+// misplaced unit of traffic costs more (T'' grows with the utilisation),
+// and a smaller gap is worth a write. A pod sent its capacity
+// or more makes the gain infinite. Then the step bounds (MaxStep), the
+// ratio bounds (MaxRatio: gRPC clients clip at 0.1x-10x of the mean), and
+// integers of at least 1 whose sum per locality stays below 2^32-1.
+
+// verdict is the publish stage's decision, for the message.
+type verdict struct {
+	write          bool
+	gain, bar      float64 // relative to the targets' objective
+	maxMove        float64
+	setChanged     bool
+	weights        map[string]uint32
+	changedWeights bool
+}
+
+// proposalFrom turns traffic into weights of mean MeanWeight, within
+// MaxRatio of the mean, scaled by slow start.
+func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
+	sum := 0.0
+	for _, v := range x {
+		sum += v
+	}
+	out := make([]float64, len(set))
+	for i := range set {
+		if sum > 0 {
+			out[i] = float64(p.MeanWeight) * float64(len(set)) * x[i] / sum
+		} else {
+			out[i] = float64(p.MeanWeight)
+		}
+	}
+	clampRatio(out, p.MaxRatio)
+	for i, pod := range set {
+		out[i] *= p.rampFactor(pod, now)
+	}
+	return out
+}
+
+// judge decides whether proposal is worth writing over the reference
+// weights ref, for pods modelled by dp at load (0 = unknown) with
+// log-capacity variances logVar. Pods in fixed are not compared.
+//
+// loadShift is each pod's relative change of target for one standard
+// deviation of the load estimate (nil: none).
+func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, logVar, loadShift []float64, load float64) (gain, bar, maxMove float64, common int) {
+	refSum, propSum := 0.0, 0.0
+	for i, pod := range set {
+		if w, ok := ref[pod.Name]; ok {
+			refSum += float64(w)
+			propSum += proposal[i]
+			common++
+		}
+	}
+	if common == 0 || !(refSum > 0) || !(propSum > 0) {
+		return 0, 0, 0, common
+	}
+	capacity := 0.0
+	for _, d := range dp {
+		capacity += d.c * d.v
+	}
+	total := min(load, maxUtilisation*capacity)
+	if !(total > 0) {
+		total = capacity / 2 // unknown load: judged at half load
+	}
+	var mean, sumSq, largest float64
+	xl := make([]float64, len(set))
+	xt := make([]float64, len(set))
+	for i, pod := range set {
+		w, ok := ref[pod.Name]
+		if !ok {
+			continue
+		}
+		xl[i] = total * float64(w) / refSum
+		xt[i] = total * proposal[i] / propSum
+		if xl[i] > 0 {
+			maxMove = max(maxMove, math.Abs(xt[i]/xl[i]-1))
+		}
+		if dp[i].fixed {
+			continue
+		}
+		k := curvature(dp[i], xt[i])
+		if math.IsInf(k, 0) || math.IsNaN(k) {
+			continue
+		}
+		s := sensitivity(dp[i], xt[i])
+		// The live weights came from an estimate as noisy as this one:
+		// the gap between the two has twice the variance.
+		shift := 0.0
+		if loadShift != nil {
+			shift = loadShift[i]
+		}
+		if dp[i].overloaded && xt[i] < xl[i] {
+			// The data shows this pod's live weight too high, not through
+			// its estimate: cutting it carries no estimate's noise.
+			continue
+		}
+		a := k * xt[i] * xt[i] * 2 * (logVar[i]*s*s + shift*shift) / 2
+		mean += a
+		sumSq += a * a
+		largest = max(largest, a)
+	}
+	// The noise gain is a sum of scaled chi-squares of one degree each, of
+	// mean sum(a) and variance 2 sum(a²): its zSigmas tail, by the normal
+	// approximation, and at least one pod's own zSigmas².
+	bar = max(mean+zSigmas*math.Sqrt(2*sumSq), zSigmas*zSigmas*largest)
+	lt := timeInSystem(dp, xt)
+	gain = timeInSystem(dp, xl) - lt
+	if lt > 0 {
+		gain, bar = gain/lt, bar/lt
+	}
+	bar += p.DeadBand * p.DeadBand
+	return gain, bar, maxMove, common
+}
+
+// settle turns a proposal into the weights to publish against the
+// reference. With write false, pods that stay keep their reference weights
+// exactly and only new pods get a weight (scaled to the reference);
+// otherwise each weight that stays moves at most MaxStep (in shares), and
+// the pods in fixed (no data) keep their reference weights exactly, the
+// others written in the reference's units.
+func (p Params) settle(set []Pod, ref map[string]uint32, proposal []float64, write bool, fixed []bool) (map[string]uint32, bool) {
+	n := len(set)
+	refSum, propSum := 0.0, 0.0
+	common := 0
+	anyFixed := false
+	for i, pod := range set {
+		if w, ok := ref[pod.Name]; ok {
+			refSum += float64(w)
+			propSum += proposal[i]
+			common++
+			anyFixed = anyFixed || (fixed != nil && fixed[i])
+		}
+	}
+	scale := 1.0
+	if refSum > 0 && propSum > 0 {
+		scale = propSum / refSum
+	}
+	if write {
+		factor := 1 + p.MaxStep
+		for i, pod := range set {
+			if w, ok := ref[pod.Name]; ok {
+				was := float64(w) * scale
+				proposal[i] = min(max(proposal[i], was/factor), was*factor)
+			}
+		}
+		clampRatio(proposal, p.MaxRatio)
+		if anyFixed {
+			for i := range proposal {
+				proposal[i] /= scale
+			}
+		}
+	}
+	perPodCap := uint32(maxWeightSum / uint64(max(n, 1)))
+	out := make(map[string]uint32, n)
+	changed := common != n || common != len(ref)
+	for i, pod := range set {
+		w, ok := ref[pod.Name]
+		var v uint32
+		switch {
+		case ok && (!write || (fixed != nil && fixed[i])):
+			v = w
+		case write:
+			v = roundWeight(proposal[i])
+		default:
+			v = roundWeight(proposal[i] / scale)
+		}
+		v = min(max(v, 1), perPodCap)
+		if !ok || v != w {
+			changed = true
+		}
+		out[pod.Name] = v
+	}
+	return out, changed
+}
+
+// clampRatio keeps every value within ratio of the mean. Clamping moves the
+// mean, so it repeats a few times; what remains is far below rounding.
+func clampRatio(xs []float64, ratio float64) {
+	if len(xs) == 0 {
+		return
+	}
+	for range 8 {
+		mean := 0.0
+		for _, x := range xs {
+			mean += x
+		}
+		mean /= float64(len(xs))
+		lo, hi := mean/ratio, mean*ratio
+		clamped := false
+		for i, x := range xs {
+			if x < lo {
+				xs[i], clamped = lo, true
+			} else if x > hi {
+				xs[i], clamped = hi, true
+			}
+		}
+		if !clamped {
+			return
+		}
+	}
+}
+
+// roundWeight rounds to a weight: at least 1, never past uint32.
+func roundWeight(x float64) uint32 {
+	switch {
+	case !(x >= 1):
+		return 1
+	case x >= math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(math.Round(x))
+}
+
+// sensitivity is d log x / d log mu of a pod's target at the common
+// marginal cost: 1 at capacity shares, more where the pod sits on the
+// steep part of the split (at low load a slower pod's traffic turns on a
+// small change of its speed), so that the targets' own noise is judged
+// as the estimates' noise carried through the solver.
+func sensitivity(p decidePod, x float64) float64 {
+	rho := x / (p.c * p.v)
+	if !(rho > 0) || rho >= maxUtilisation {
+		return 1
+	}
+	h := min(1e-4, rho/4, (1-rho)/4)
+	d := (sakasegawaCost(p.c, rho+h) - sakasegawaCost(p.c, rho-h)) / (2 * h)
+	if !(d > 0) {
+		return 1
+	}
+	mv := 1 + sakasegawaCost(p.c, rho)
+	return min(1+mv/(rho*d), 10)
+}

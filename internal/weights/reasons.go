@@ -1,0 +1,111 @@
+package weights
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// ReasonCode says why a cycle came out as it did. Status and tests read the
+// codes; Result.Message renders them for people.
+type ReasonCode string
+
+const (
+	// ReasonQueryFailed: the metrics query failed (Detail: the error).
+	ReasonQueryFailed ReasonCode = "QueryFailed"
+	// ReasonNoData: the query succeeded but no pod had CPU data (Pods).
+	ReasonNoData ReasonCode = "NoData"
+	// ReasonExpired: no usable data for Until, past the expiry: equal weights.
+	ReasonExpired ReasonCode = "Expired"
+	// ReasonRecovered: data is back after a cycle without it.
+	ReasonRecovered ReasonCode = "Recovered"
+	// ReasonLowLoad: mean CPU (Value) below MinCPU (Limit): weights held.
+	ReasonLowLoad ReasonCode = "LowLoad"
+	// ReasonPartialData: these Pods had no CPU data; their weights are kept.
+	ReasonPartialData ReasonCode = "PartialData"
+	// ReasonMoved: the predicted gain (Gain) beat the bar (Bar); weights
+	// moved by up to Value; learned from Count of Of pods (Detail: "requests"
+	// or "cpu").
+	ReasonMoved ReasonCode = "Moved"
+	// ReasonSteady: the gain did not beat the bar; nothing moved.
+	ReasonSteady ReasonCode = "Steady"
+	// ReasonBacklog: these Pods hold a backlog and are sent less until it clears.
+	ReasonBacklog ReasonCode = "Backlog"
+	// ReasonSaturated: these Pods used all the CPU they could.
+	ReasonSaturated ReasonCode = "Saturated"
+	// ReasonCPUOnly: these Pods have no CPU limit and nothing in CPU alone
+	// shows their overload; they are weighted by guessed cores and not
+	// learned from (Result.Unlearned).
+	ReasonCPUOnly ReasonCode = "CPUOnly"
+)
+
+// Reason is one typed reason with its parameters.
+type Reason struct {
+	Code      ReasonCode
+	Pods      []string      `json:",omitempty"`
+	Value     float64       `json:",omitempty"`
+	Limit     float64       `json:",omitempty"`
+	Gain, Bar float64       `json:",omitempty"`
+	Count, Of int           `json:",omitempty"`
+	Until     time.Duration `json:",omitempty"`
+	Detail    string        `json:",omitempty"`
+}
+
+// Has reports whether reasons hold code, and the first such reason.
+func Has(reasons []Reason, code ReasonCode) (Reason, bool) {
+	for _, r := range reasons {
+		if r.Code == code {
+			return r, true
+		}
+	}
+	return Reason{}, false
+}
+
+// render turns reasons into the human-readable Message.
+func render(reasons []Reason) string {
+	parts := make([]string, 0, len(reasons))
+	for _, r := range reasons {
+		parts = append(parts, r.String())
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (r Reason) String() string {
+	pods := func() string {
+		if len(r.Pods) <= 3 {
+			return strings.Join(r.Pods, ", ")
+		}
+		return fmt.Sprintf("%s and %d more", strings.Join(r.Pods[:3], ", "), len(r.Pods)-3)
+	}
+	source := "CPU and the weights held"
+	if r.Detail == "requests" {
+		source = "requests per CPU-second"
+	}
+	switch r.Code {
+	case ReasonQueryFailed:
+		return fmt.Sprintf("Metrics query failed: %s; holding the last weights, equal weights in %v unless data returns", r.Detail, r.Until.Round(time.Second))
+	case ReasonNoData:
+		return fmt.Sprintf("The query returned no CPU data for any of the %d pods; holding the last weights, equal weights in %v unless data returns", len(r.Pods), r.Until.Round(time.Second))
+	case ReasonExpired:
+		return fmt.Sprintf("no usable data for %v, longer than the expiry: equal weights", r.Until.Round(time.Second))
+	case ReasonRecovered:
+		return "Metrics are back"
+	case ReasonLowLoad:
+		return fmt.Sprintf("Low load: the pods use %.3f cores on average, below the %.3f needed to learn from; weights held", r.Value, r.Limit)
+	case ReasonPartialData:
+		return fmt.Sprintf("no CPU data for %d pod(s) (%s): their weights are kept", len(r.Pods), pods())
+	case ReasonMoved:
+		return fmt.Sprintf("Optimizing: weights moved by up to %.1f%% for a predicted gain of %.2g%% of the request time (bar %.2g%%); learned from %d of %d pods using %s",
+			100*r.Value, 100*r.Gain, 100*r.Bar, r.Count, r.Of, source)
+	case ReasonSteady:
+		return fmt.Sprintf("Steady: moving weights by up to %.1f%% would gain %.2g%% of the request time, within the %.2g%% the estimates' noise and a write's cost allow; learned from %d of %d pods using %s",
+			100*r.Value, 100*max(r.Gain, 0), 100*r.Bar, r.Count, r.Of, source)
+	case ReasonBacklog:
+		return fmt.Sprintf("%d pod(s) with a backlog (%s) get less traffic until it clears", len(r.Pods), pods())
+	case ReasonSaturated:
+		return fmt.Sprintf("%d pod(s) at their CPU limit (%s)", len(r.Pods), pods())
+	case ReasonCPUOnly:
+		return fmt.Sprintf("%d pod(s) without a CPU limit or node CPU data (%s) are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", len(r.Pods), pods())
+	}
+	return string(r.Code)
+}

@@ -1,0 +1,400 @@
+package weights
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Update runs one cycle through the four stages: observe, estimate, decide,
+// publish. pods is the current endpoint set, obs the query result.
+func (e *Engine) Update(pods []Pod, obs Observation) Result {
+	now := obs.Time
+	set := canonicalPods(pods)
+	e.start(now)
+	e.forgetGone(now, set)
+	e.history.prune(now.Add(-e.params.horizon() - time.Second))
+
+	if obs.Err != nil {
+		return e.unavailable(now, set, Reason{Code: ReasonQueryFailed, Detail: obs.Err.Error()})
+	}
+	c := readSignals(set, obs.Signals)
+	if c.withCPU == 0 {
+		return e.unavailable(now, set, Reason{Code: ReasonNoData, Pods: c.noData})
+	}
+	var reasons []Reason
+	if e.mode == ModeHolding || e.mode == ModeFallback || e.mode == ModeNoData {
+		reasons = append(reasons, Reason{Code: ReasonRecovered})
+	}
+	e.lastGood = now
+	if c.meanCPU < e.params.MinCPU {
+		reasons = append(reasons, Reason{Code: ReasonLowLoad, Value: c.meanCPU, Limit: e.params.MinCPU})
+		return e.hold(now, set, ModeLowLoad, reasons)
+	}
+
+	// Observe.
+	prior := make([][]float64, len(set))
+	for i, pod := range set {
+		if st := e.pods[pod.Name]; st != nil {
+			prior[i] = st.recentRatios
+		}
+	}
+	for i, d := range readRecentCPU(&c, prior) {
+		if !math.IsNaN(d) {
+			st := e.state(set[i].Name)
+			st.recentRatios = appendCapped(st.recentRatios, d, e.params.memory())
+		}
+	}
+	segs := e.segments(now, set)
+	cpuWindowsValid := e.appliedSince.IsZero() || !now.Add(-e.params.horizon()).Before(e.appliedSince)
+	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid)
+	readCores(set, &c, e.noise)
+	// Traffic follows the weights under ROUND_ROBIN over the engine's own
+	// live weights. A caller that does not say which balancer ran is taken
+	// to run the operator's default: LEAST_REQUEST until a result is
+	// Learned, ROUND_ROBIN after.
+	balancer := obs.Balancer
+	if balancer == "" {
+		balancer = BalancerLeastRequest
+		if e.lastLearned {
+			balancer = BalancerRoundRobin
+		}
+	}
+	followsWeights := balancer == BalancerRoundRobin && e.liveKnown && !e.unapplied
+	mem := make([]backlogMemory, len(set))
+	for i, pod := range set {
+		if st := e.pods[pod.Name]; st != nil {
+			mem[i] = backlogMemory{before: st.backlogAt(now.Add(-e.params.QueryWindow), e.params.QueryWindow), latency: st.latency, alarmed: st.alarmed}
+		}
+	}
+	readBacklogs(e.params, set, &c, mem, followsWeights)
+
+	// Estimate. An early cycle sees mostly the windows of the last one:
+	// its readings are not new evidence of speed, only of backlogs.
+	learnedFrom := 0
+	if !obs.Early {
+		learnedFrom = e.estimate(set, &c, false)
+		if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
+			e.cycle = now.Sub(e.lastUpdate)
+		}
+		e.lastUpdate = now
+	}
+	models := e.models(set)
+	perCore := make([]float64, len(set))
+	for i, m := range models {
+		perCore[i] = m.v
+	}
+	ref := e.reference()
+	refShares := shares(set, ref)
+	noDataShare := 0.0
+	for i, r := range c.pods {
+		if !r.hasCPU {
+			noDataShare += refShares[i]
+		}
+	}
+	if seen := offeredLoad(&c, perCore); seen > 0 && noDataShare < 1 {
+		total := seen / (1 - noDataShare)
+		if obs.Early {
+			e.load.m = max(e.load.m, math.Log(total)) // a rising load is not averaged away
+		} else {
+			e.load.update(math.Log(total), math.Log(total), e.noise*e.noise, e.overlapInflation(), e.params)
+		}
+	}
+	for i, pod := range set {
+		st := e.state(pod.Name)
+		r := c.pods[i]
+		st.hot = r.saturated
+		st.backlog, st.capRate = r.backlog, r.capRate
+		if !obs.Early {
+			st.backlogs = appendBacklog(st.backlogs, backlogPoint{now, r.backlog}, e.params.memory())
+		}
+		st.noteLatency(r)
+	}
+
+	// Decide. Where no pod's cores are known nothing relates the load to
+	// the capacity: the solver then gives capacity shares, the limit of
+	// the promise near full load.
+	load := 0.0
+	if e.load.known && (len(models) == 0 || models[0].coresKnown) {
+		load = math.Exp(e.load.m)
+	}
+	dp := e.decidePods(set, models, c, refShares, load)
+	if e.calibrate {
+		e.calibrateTo(now, set, ref, c, refShares, load)
+		models = e.models(set)
+		dp = e.decidePods(set, models, c, refShares, load)
+		e.calibrate = false
+	}
+	x := solve(dp, load)
+	proposal := e.params.proposalFrom(now, set, x)
+
+	// Publish.
+	// The bar asks whether the gap between the live weights and the
+	// targets could be noise, were nothing changed: the null variance is
+	// that of a settled estimate (Smoothing of a reading's, the windows'
+	// overlap included), not the wider one of a filter that has just
+	// restarted on a change the CUSUM or jump test already found.
+	logVar := make([]float64, len(set))
+	for i, m := range models {
+		logVar[i] = m.settledVar
+	}
+	// How far one standard deviation of the load moves the targets.
+	var loadShift []float64
+	if load > 0 {
+		sd := math.Sqrt(e.load.v * e.overlapInflation())
+		x2 := solve(dp, load*math.Exp(sd))
+		p2 := e.params.proposalFrom(now, set, x2)
+		loadShift = make([]float64, len(set))
+		for i := range set {
+			if proposal[i] > 0 {
+				loadShift[i] = math.Log(p2[i] / proposal[i])
+			}
+		}
+	}
+	gain, bar, maxMove, _ := e.params.judge(set, ref, slices.Clone(proposal), dp, logVar, loadShift, load)
+	write := gain > bar
+	if e.unapplied {
+		write = write || !equalShares(e.last, ref)
+	}
+	fixed := make([]bool, len(set))
+	for i, d := range dp {
+		fixed[i] = d.fixed
+	}
+	weights, changed := e.params.settle(set, ref, proposal, write, fixed)
+	mode := ModeOptimizing
+	if !write {
+		mode = ModeSteady
+	}
+	reasons = append(reasons, e.cycleReasons(set, c, learnedFrom, gain, bar, maxMove, write)...)
+	return e.finish(set, mode, weights, changed, reasons)
+}
+
+// decidePods models every pod for the solver: its cores and speed, a
+// backlog as capacity owed over DrainTime (and no more than it has now), a
+// pod without data fixed at the traffic it has.
+func (e *Engine) decidePods(set []Pod, models []podModel, c cycleReadings, refShares []float64, load float64) []decidePod {
+	dp := make([]decidePod, len(set))
+	drain := e.params.DrainTime.Seconds()
+	for i, pod := range set {
+		m := models[i]
+		d := decidePod{c: m.c, v: m.v, upper: math.Inf(1)}
+		r := c.pods[i]
+		if !r.hasCPU && refShares[i] > 0 && load > 0 {
+			d.fixed, d.x = true, refShares[i]*load
+		}
+		st := e.pods[pod.Name]
+		// With request rates a backlog is measured; with CPU alone being
+		// at its limit is all that shows a pod behind.
+		d.overloaded = st != nil && (st.backlog > 0 || (st.hot && !c.fromRequests))
+		if st != nil && st.backlog > 0 && drain > 0 && st.capRate > 0 && !d.fixed {
+			owed := min(st.backlog/drain/st.capRate, 1-1/(e.params.MaxRatio*e.params.MaxRatio))
+			d.v *= 1 - owed
+			if refShares[i] > 0 && load > 0 {
+				d.upper = refShares[i] * load
+			}
+		}
+		dp[i] = d
+	}
+	return dp
+}
+
+// calibrateTo takes, after a restart, the capacities that make the live
+// weights the solver's answer at the load now measured: they are what the
+// engine before this one decided, and taking them so means that a restart
+// moves nothing the data does not show. A few fixed-point steps suffice
+// (near capacity shares, one).
+func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c cycleReadings, refShares []float64, load float64) {
+	for range 4 {
+		models := e.models(set)
+		x := solve(e.decidePods(set, models, c, refShares, load), load)
+		prop := e.params.proposalFrom(now, set, x)
+		ps := shares(set, nil)
+		sum := 0.0
+		for _, p := range prop {
+			sum += p
+		}
+		for i := range ps {
+			ps[i] = prop[i] / sum
+		}
+		for i, pod := range set {
+			st := e.pods[pod.Name]
+			if st == nil || !st.speed.known || !(refShares[i] > 0) || !(ps[i] > 0) {
+				continue
+			}
+			st.speed.m += min(max(math.Log(refShares[i]/ps[i]), -1), 1)
+		}
+	}
+}
+
+// shares returns each pod's share of w (0 for pods not in it).
+func shares(set []Pod, w map[string]uint32) []float64 {
+	out := make([]float64, len(set))
+	sum := 0.0
+	for _, pod := range set {
+		sum += float64(w[pod.Name])
+	}
+	if sum > 0 {
+		for i, pod := range set {
+			out[i] = float64(w[pod.Name]) / sum
+		}
+	}
+	return out
+}
+
+// equalShares reports whether a and b give the same pods the same weights.
+func equalShares(a, b map[string]uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func appendBacklog(ps []backlogPoint, p backlogPoint, n int) []backlogPoint {
+	ps = append(ps, p)
+	if len(ps) > n {
+		ps = slices.Delete(ps, 0, len(ps)-n)
+	}
+	return ps
+}
+
+// segments returns the timeline as the observation at now sees it; before
+// anything was applied (dry run) Envoy spreads the traffic evenly.
+func (e *Engine) segments(now time.Time, set []Pod) []segment {
+	if len(e.history.epochs) == 0 {
+		virtual := timeline{}
+		virtual.reset(now, equalOver(set))
+		return virtual.segmentsSince(now, -e.params.horizon().Seconds())
+	}
+	return e.history.segmentsSince(now, -e.params.horizon().Seconds())
+}
+
+// unavailable handles a cycle without usable data: hold the weights until
+// Expiry has passed since the last good observation, then fall back to
+// equal weights, which are right on average and wrong by a known amount.
+func (e *Engine) unavailable(now time.Time, set []Pod, why Reason) Result {
+	mode := ModeHolding
+	if why.Code == ReasonNoData {
+		mode = ModeNoData
+	}
+	down := now.Sub(e.lastGood)
+	if down <= e.params.Expiry {
+		why.Until = e.params.Expiry - down
+		return e.hold(now, set, mode, []Reason{why})
+	}
+	reasons := []Reason{why, {Code: ReasonExpired, Until: down}}
+	// Equal weights at once: no step bound holds a fallback back.
+	w, _ := e.params.settle(set, nil, e.params.proposalFrom(now, set, nil), true, nil)
+	return e.finish(set, ModeFallback, w, !equalShares(w, e.reference()), reasons)
+}
+
+// hold keeps the live weights; pods that joined get their estimate's.
+func (e *Engine) hold(now time.Time, set []Pod, mode Mode, reasons []Reason) Result {
+	w, changed := e.params.settle(set, e.reference(), e.holdProposal(now, set), false, nil)
+	return e.finish(set, mode, w, changed, reasons)
+}
+
+// finish records the weights and builds the result.
+func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed bool, reasons []Reason) Result {
+	learned := e.learned(set, weights, mode)
+	e.unapplied = changed && !equalShares(weights, e.reference())
+	e.mode, e.last, e.lastLearned = mode, weights, learned
+	caps := make(map[string]float64, len(set))
+	models := e.models(set)
+	mean := 0.0
+	for _, m := range models {
+		mean += m.c * m.v
+	}
+	mean /= float64(max(len(models), 1))
+	for i, pod := range set {
+		caps[pod.Name] = models[i].c * models[i].v / mean
+	}
+	unlearned := 0
+	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil && st.blind {
+			unlearned++
+		}
+	}
+	return Result{Weights: weights, Changed: changed, Mode: mode, Capacity: caps, Learned: learned,
+		Unlearned: unlearned, Reasons: reasons, Message: render(reasons)}
+}
+
+// learnedShare is the share of the traffic that must rest on confident
+// estimates for Learned: LEAST_REQUEST, which the operator keeps until
+// then, handles the rest (new or changing pods) by their queues, and a
+// tenth of the traffic is what one pod of ten carries.
+const learnedShare = 0.9
+
+// learned reports Result.Learned: the pods whose capacity's standard
+// deviation is within the dead band (the estimate is as good as a write
+// is worth) carry at least learnedShare of the traffic (the larger of
+// their share of the live and of the new weights), and no pod has a
+// queue that weights would keep feeding for a cycle (a backlog, at its
+// limit) or an overload CPU alone cannot show (blind).
+func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
+	switch mode {
+	case ModeFallback, ModeNoData:
+		return false
+	}
+	models := e.models(set)
+	live, next := shares(set, e.reference()), shares(set, w)
+	unsure := 0.0
+	for i, pod := range set {
+		st := e.pods[pod.Name]
+		if st != nil && (st.hot || st.backlog > 0 || st.blind) {
+			return false
+		}
+		if st != nil && st.speed.known && (st.fromData || st.speed.v < 1) && math.Sqrt(models[i].logVar) <= max(e.params.DeadBand, e.noise) {
+			continue
+		}
+		unsure += max(live[i], next[i])
+	}
+	return unsure <= 1-learnedShare
+}
+
+// cycleReasons explains an optimizing cycle.
+func (e *Engine) cycleReasons(set []Pod, c cycleReadings, learnedFrom int, gain, bar, maxMove float64, write bool) []Reason {
+	var out []Reason
+	if len(c.noData) > 0 {
+		out = append(out, Reason{Code: ReasonPartialData, Pods: c.noData})
+	}
+	code := ReasonSteady
+	if write {
+		code = ReasonMoved
+	}
+	source := "cpu"
+	if c.fromRequests {
+		source = "requests"
+	}
+	out = append(out, Reason{Code: code, Value: maxMove, Gain: gain, Bar: bar, Count: learnedFrom, Of: len(set), Detail: source})
+	var backlog, hot, blind []string
+	for i, pod := range set {
+		st := e.pods[pod.Name]
+		if st == nil {
+			continue
+		}
+		if st.backlog > 0 {
+			backlog = append(backlog, pod.Name)
+		}
+		if c.pods[i].saturated {
+			hot = append(hot, pod.Name)
+		}
+		if st.blind {
+			blind = append(blind, pod.Name)
+		}
+	}
+	if len(backlog) > 0 {
+		out = append(out, Reason{Code: ReasonBacklog, Pods: backlog})
+	}
+	if len(hot) > 0 {
+		out = append(out, Reason{Code: ReasonSaturated, Pods: hot})
+	}
+	if len(blind) > 0 {
+		out = append(out, Reason{Code: ReasonCPUOnly, Pods: blind})
+	}
+	return out
+}
