@@ -74,10 +74,14 @@ var Targets = []Target{
 		}},
 	{Name: "hetero3-90: optimizer p99 ≤ 1.2x wrr_oracle", Scenario: "hetero3-90.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Max: 1.2, Unit: "x"},
-	{Name: "hetero3-60: optimizer p99 within 5% of wrr_oracle", Scenario: "hetero3-60.yaml",
-		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Min: 0.95, Max: 1.05, Unit: "x"},
-	{Name: "homogeneous: optimizer p99 within 5% of wrr_oracle", Scenario: "homogeneous.yaml",
-		Strategies: []string{"optimizer", "wrr_oracle"}, Value: p99Ratio("optimizer", "wrr_oracle"), Min: 0.95, Max: 1.05, Unit: "x"},
+	// Below full load the best static weights are not capacity shares
+	// (they lean to faster pods), so these are judged against oracle_best;
+	// weights that react to the run may beat any static weights, so there
+	// is no lower bound.
+	{Name: "hetero3-60: optimizer p99 ≤ 1.05x oracle_best", Scenario: "hetero3-60.yaml",
+		Strategies: []string{"optimizer", "oracle_best"}, Value: p99Ratio("optimizer", "oracle_best"), Max: 1.05, Unit: "x"},
+	{Name: "homogeneous: optimizer p99 ≤ 1.05x oracle_best", Scenario: "homogeneous.yaml",
+		Strategies: []string{"optimizer", "oracle_best"}, Value: p99Ratio("optimizer", "oracle_best"), Max: 1.05, Unit: "x"},
 	{Name: "slowdown: optimizer p99 after the change ≤ 1.3x the oracle's", Scenario: "slowdown.yaml",
 		Strategies: []string{"optimizer", "wrr_oracle"}, Value: afterRatio("optimizer", "wrr_oracle"), Max: 1.3, Unit: "x"},
 	{Name: "slowdown: optimizer p99 after the change ≤ 1.1x the oracle's", Scenario: "slowdown.yaml",
