@@ -27,9 +27,9 @@ import (
 // The pods' recent CPU does not ring it. A pod at 80% of its limit that
 // reaches 100% shows it over two scrape intervals no sooner than its
 // latency does, and on CPU alone (no latency) the extra cycles it caused
-// moved the CPU-only learning more than they helped (the slowdown with
-// CPU alone: 1.02-2.7x the oracle's p99 over seeds 1-8, against 1.36-1.55x
-// without; see docs/benchmarks.md).
+// moved the CPU-only learning more than they helped (a pod slowing to a
+// third, CPU alone, in the bench: 1.02-2.7x the oracle's p99 with them,
+// 1.36-1.55x without).
 
 // alarmLatency: a pod's latency over the last two scrape intervals at this
 // multiple of the latency the last cycle knew of (see noteLatency), and

@@ -52,10 +52,11 @@ const (
 	// is a few percent high (CPU alone reads the cores of a pod without a
 	// limit from its node's noisy idle CPU) is back at its limit the next
 	// cycle, drained again, and so on: at 85-90% load a 1-core pod 10% over
-	// its share runs at 93-99% (the 1-8 core mix at 90%, CPU alone, seeds
-	// 1-6: 1.13-1.75x the oracle's p99 released at once, 1.00-1.29x by
-	// halves; hetero3-90-nolimits seeds 1-16: 0.87-1.07x, 0.85-1.00x).
-	// With request rates the backlog says when the drain can end.
+	// its share runs at 93-99% (measured in the bench on a 1-8 core mix at
+	// 90% load with CPU alone: 1.13-1.75x the oracle's p99 released at
+	// once, 1.00-1.29x by halves; on three CPU generations without limits
+	// at 90%: 0.87-1.07x and 0.85-1.00x). With request rates the backlog
+	// says when the drain can end.
 	hotDrain = 0.8
 	// minDrain is the least factor a drain applies; MaxRatio bounds the
 	// weight further.
@@ -71,9 +72,10 @@ const (
 	// since a suspicion is sometimes a passing surge, where a measured
 	// backlog is not. When the others' cores are unknown their use is
 	// taken as 0.855 (see fitDrains), above it: no cut. At 90% load there is no room, and a surge there
-	// rings now and then (up to 6.7x in the bench's 90% files), which a
-	// cut made costly (hetero3-90-nolimits 0.90x the oracle's p99 on
-	// average over seeds 1-16 without a cut, 0.95x cutting at any load).
+	// rings now and then (up to 6.7x in the bench at 90% load), which a
+	// cut made costly (three CPU generations without limits at 90% load:
+	// 0.90x the oracle's p99 on average without a cut, 0.95x cutting at
+	// any load).
 	suspectUtil = 0.85
 	// maxBacklogPoints bounds the backlog history kept per pod.
 	maxBacklogPoints = 16
