@@ -65,8 +65,9 @@ const alarmLatency = 2
 // Only one pod's own change is cut: when it is the only one that rings and
 // no other pod was already drained, cut or a suspect. A pod whose latency rises
 // while another is held may be taking that pod's traffic, and cutting it
-// too moves the overload around (the slowdown on seed 2 with 128 clients:
-// p99 1.15x without the cut, 1.92x cutting every ringing pod).
+// too moves the overload around (in the bench, a pod slowing to a third
+// with 128 clients: p99 1.15x without the cut, 1.92x cutting every ringing
+// pod).
 const suspectCut = 0.5
 
 // Alarm reports whether the recent latencies of obs (Signal.RecentLatency;

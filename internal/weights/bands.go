@@ -111,16 +111,15 @@ const noiseSigmas = 3
 // nothing changes. The load is the Service's offered work over its
 // capacity, both as estimated (see serviceLoad).
 //
-// In the bench (docs/benchmarks.md, "Latest"), on 1, 2, 4 and 8 core
-// mixes without limits at 85% load with 32 and 64 clients (copies, seeds
-// 1-3), p99 went from 0.995-1.117x the oracle's to 0.978-1.045x; the slowdown
-// after the change (87.5% load) from 1.045x to 1.036x on average over
-// seeds 1-16, every seed at or below 1.1x; at the cost of more writes
-// near capacity (nolimits-4class at 85% load: 19 in 20 minutes instead
-// of 9). With CPU alone it applies too: hetero3-90-nolimits, whose miss
-// was a weight a few percent high inside the dead band, went from
-// 0.85-1.00x to 0.85-0.99x over seeds 1-16, with one more write in all on
-// the shipped files.
+// Measured in the bench: on 1, 2, 4 and 8 core mixes without limits at
+// 85% load with 32 and 64 clients, p99 went from 0.995-1.117x the
+// oracle's to 0.978-1.045x; after a pod slows to a third (87.5% load)
+// from 1.045x to 1.036x on average, every run at or below 1.1x; at the
+// cost of more writes near capacity (four hardware classes at 85% load:
+// 19 in 20 minutes instead of 9). With CPU alone it applies too: three
+// CPU generations without limits at 90% load, whose miss was a weight a
+// few percent high inside the dead band, went from 0.85-1.00x to
+// 0.85-0.99x.
 const (
 	loadBandFrom = 0.7
 	minLoadBand  = 0.5
