@@ -54,8 +54,10 @@ func (h *HostClaims) Check(ctx context.Context, opt *optv1.IstioAdaptiveRequestO
 		return nil, fmt.Errorf("list optimizers of host %s: %w", host, err)
 	}
 	ses := &istionet.ServiceEntryList{}
-	// Only the labels are read: no deep copy of endpoint lists.
-	if err := h.Client.List(ctx, ses, client.MatchingFields{indexServiceEntryHost: host}, client.UnsafeDisableDeepCopy); err != nil {
+	// Only the labels are read, but the list is deep-copied all the same:
+	// Istio objects hold protobuf messages whose lazily set internal state
+	// another reconcile's DeepCopy writes, so cached copies cannot be shared.
+	if err := h.Client.List(ctx, ses, client.MatchingFields{indexServiceEntryHost: host}); err != nil {
 		return nil, fmt.Errorf("list ServiceEntries of host %s: %w", host, err)
 	}
 

@@ -388,9 +388,11 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 
 	name := types.NamespacedName{Namespace: ns, Name: desired.ObjectName(opt.Spec.ServiceName)}
 	var err error
-	// The cache's own copy, read only: a deep copy of a ServiceEntry of
-	// 4000 endpoints was a tenth of a reconcile (docs/scale.md).
-	if live.se, err = getOptional(ctx, r.Client, name, &istionet.ServiceEntry{}, client.UnsafeDisableDeepCopy); err != nil {
+	// A deep copy, although it costs a tenth of a reconcile at 4000
+	// endpoints (docs/scale.md): an Istio object holds protobuf messages
+	// whose lazily set internal state a concurrent DeepCopy or proto.Equal
+	// writes, so the cache's own copy cannot be shared between reconciles.
+	if live.se, err = getOptional(ctx, r.Client, name, &istionet.ServiceEntry{}); err != nil {
 		return in, live, err
 	}
 	if live.dr, err = getOptional(ctx, r.Client, name, &istionet.DestinationRule{}); err != nil {

@@ -146,6 +146,21 @@ func run(m *testing.M) (int, error) {
 		return 1, err
 	}
 	suite.clusterIP = svc.Spec.ClusterIP
+	suite.metrics.weights = func() map[string]uint32 {
+		se, err := liveServiceEntry(context.Background(), suite.c)
+		if err != nil {
+			return nil
+		}
+		byIP := map[string]string{}
+		for _, p := range suite.fleet.Pods {
+			byIP[p.IP] = p.Name
+		}
+		w := map[string]uint32{}
+		for _, e := range se.Spec.Endpoints {
+			w[byIP[e.Address]] = e.Weight
+		}
+		return w
+	}
 
 	// Every test starts from weights the engine learned (unequal, so a
 	// duplicate or a default weight cannot pass for the right one).
@@ -155,9 +170,28 @@ func run(m *testing.M) (int, error) {
 		if err != nil {
 			return err
 		}
-		return sharesFollow(learned, suite.fleet, 0.1)
+		if err := sharesFollow(learned, suite.fleet, 0.1); err != nil {
+			return err
+		}
+		// The policy keeps Istio's default LEAST_REQUEST until the weights
+		// have been learned for a query window; the tests start from the
+		// ROUND_ROBIN that follows.
+		dr := &istionet.DestinationRule{}
+		if err := suite.c.Get(ctx, client.ObjectKey{Namespace: demoNS, Name: objectName}, dr); err != nil {
+			return err
+		}
+		if lb := dr.Spec.GetTrafficPolicy().GetLoadBalancer().GetSimple(); lb != networking.LoadBalancerSettings_ROUND_ROBIN {
+			o := &optv1.IstioAdaptiveRequestOptimizer{}
+			_ = suite.c.Get(ctx, client.ObjectKey{Namespace: demoNS, Name: optimizerName}, o)
+			var conds []string
+			for _, c := range o.Status.Conditions {
+				conds = append(conds, fmt.Sprintf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message))
+			}
+			return fmt.Errorf("DestinationRule load balancer %v, want ROUND_ROBIN once learned; optimizer status: %s", lb, strings.Join(conds, "; "))
+		}
+		return nil
 	}); err != nil {
-		return 1, fmt.Errorf("the operator never wrote capacity-proportional weights: %w", err)
+		return 1, fmt.Errorf("the operator never wrote capacity-proportional weights under ROUND_ROBIN: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "conformance: operator wrote learned weights %v after %s\n", byPod(suite.fleet, learned), time.Since(start).Round(time.Millisecond))
 
@@ -183,6 +217,10 @@ func run(m *testing.M) (int, error) {
 			for _, p := range suite.fleet.Ports {
 				if got, err := target(x, p); err != nil || got != clusterName(p.Port, optimizedHost) {
 					return fmt.Errorf("port %d goes to %q (%v)", p.Port, got, err)
+				}
+				// ... with the DestinationRule's ROUND_ROBIN, written above.
+				if info, err := x.Cluster(clusterName(p.Port, optimizedHost)); err != nil || info.LbPolicy != "ROUND_ROBIN" {
+					return fmt.Errorf("cluster of port %d not yet ROUND_ROBIN (%v)", p.Port, err)
 				}
 			}
 			return nil

@@ -326,16 +326,44 @@ func (f fleet) expectedEndpoints(p portSpec, weights map[string]uint32) []expect
 // ---- A fake metrics backend ----
 
 // fakeMetrics answers the weight loop's two queries (CPU cores and requests
-// per second, by pod) from each pod's capacity: every pod serves the same
-// request rate, and uses CPU in inverse proportion to its capacity. How the
-// queries reach Prometheus is proven in test/integration; here only the
-// weights' way from the engine to the sidecar matters.
+// per second, by pod) from each pod's capacity: the pods serve requestRate
+// each on average, split as the live weights split the traffic (equally
+// without them), so that what a pod serves is what it is sent, as in a
+// Service below capacity; each uses CPU in inverse proportion to its
+// capacity. How the queries reach Prometheus is proven in
+// test/integration; here only the weights' way from the engine to the
+// sidecar matters.
 type fakeMetrics struct {
 	cpuQuery, requestQuery string
+	// weights, when set, reads the live weights by pod.
+	weights func() map[string]uint32
 
 	mu       sync.Mutex
 	capacity map[string]float64
 	queries  int
+}
+
+// shares is each pod's share of the traffic under the live weights; equal
+// where a pod has no weight.
+func (m *fakeMetrics) shares(pods []string) map[string]float64 {
+	var w map[string]uint32
+	if m.weights != nil {
+		w = m.weights()
+	}
+	out := make(map[string]float64, len(pods))
+	sum := 0.0
+	for _, p := range pods {
+		if v, ok := w[p]; ok && v > 0 && len(w) == len(pods) {
+			out[p] = float64(v)
+		} else {
+			out[p] = 1
+		}
+		sum += out[p]
+	}
+	for p := range out {
+		out[p] /= sum
+	}
+	return out
 }
 
 const requestRate = 50.0 // per pod, requests per second
@@ -367,17 +395,19 @@ func (m *fakeMetrics) Query(_ context.Context, tmpl string, t promsource.Target,
 	defer m.mu.Unlock()
 	m.queries++
 	res := promsource.Result{Values: map[string]float64{}, Query: tmpl, Latency: time.Millisecond}
+	share := m.shares(t.Pods)
 	for _, pod := range t.Pods {
 		c, ok := m.capacity[pod]
 		if !ok || c <= 0 {
 			res.Missing = append(res.Missing, pod)
 			continue
 		}
+		rate := requestRate * float64(len(t.Pods)) * share[pod]
 		switch tmpl {
 		case m.cpuQuery:
-			res.Values[pod] = requestRate / c
+			res.Values[pod] = rate / c
 		case m.requestQuery:
-			res.Values[pod] = requestRate
+			res.Values[pod] = rate
 		default:
 			return res, fmt.Errorf("fake metrics: unexpected query %q", tmpl)
 		}
