@@ -59,7 +59,7 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&d.CPUQuery, "default-cpu-query", d.CPUQuery, "PromQL template of per-pod CPU cores (spec.optimization.cpu_query).")
 	fs.StringVar(&d.RequestQuery, "default-request-query", d.RequestQuery, `PromQL template of per-pod requests per second, "-" for CPU only (spec.optimization.request_query).`)
 	fs.StringVar(&d.LatencyQuery, "default-latency-query", d.LatencyQuery, `PromQL template of per-pod mean request duration in seconds, "-" for none (spec.optimization.latency_query).`)
-	fs.BoolVar(&d.Looks, "looks-between-cycles", d.Looks, "Under ROUND_ROBIN, query each optimizer's recent latency every third of a scrape interval between cycles and run a cycle at once when a pod falls behind; false spares the metrics backend those queries.")
+	fs.BoolVar(&d.Looks, "looks-between-cycles", d.Looks, "Under ROUND_ROBIN, query each optimizer's recent latency once a scrape interval between cycles and run a cycle at once when a pod falls behind; false spares the metrics backend those queries.")
 	fs.StringVar(&d.NodeCPUQuery, "default-node-cpu-query", d.NodeCPUQuery, `PromQL template of the CPU cores in use on each pod's node, for pods without a CPU limit, "-" for none (spec.optimization.node_cpu_query).`)
 }
 

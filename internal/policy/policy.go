@@ -10,8 +10,8 @@
 //
 //   - Timing. The first cycle runs as soon as the endpoints are known at
 //     opt-in (OptIn), on the query window from before it; then one cycle
-//     every Config.Cycle plus a jitter of up to a tenth of it, counted from
-//     the last cycle of either kind. Between cycles, while a look is wanted
+//     every Config.Cycle, give or take half a scrape interval of jitter,
+//     counted from the last cycle of either kind. Between cycles, while a look is wanted
 //     (ROUND_ROBIN is live on learned weights, so nothing steers around a
 //     queue), a look at the recent latency every Config.LookInterval; an
 //     alarm at a look (weights.Engine.Alarm) makes the next cycle due at
@@ -79,27 +79,19 @@ type Config struct {
 	Jitter func() float64
 }
 
-// jitterShare is the largest jitter as a share of the cycle: enough to
-// spread the queries of optimizers created together over a tenth of the
-// cycle, small enough to keep the cycle's length what the user set.
-const jitterShare = 0.1
-
-// looksPerScrape: a look runs this many times per scrape interval, so a
-// scrape that shows a pod falling behind is seen within a third of an
-// interval (5 s at 15 s). Each look is one query of the recent latency.
-const looksPerScrape = 3
-
 // minLookInterval bounds the looks' rate whatever scrape interval is set (a
 // typo of 15ms for 15s would otherwise send a query every 5ms).
 const minLookInterval = time.Second
 
-// LookInterval is the look period for a scrape interval: a third of it, at
-// least a second; 0 for an unknown scrape interval.
+// LookInterval is the look period for a scrape interval: one look per
+// scrape, at least a second apart; 0 for an unknown scrape interval. A
+// scrape is the only new evidence a look can find, so looking more often
+// only finds it sooner within the interval, for one more query each time.
 func LookInterval(scrape time.Duration) time.Duration {
 	if scrape <= 0 {
 		return 0
 	}
-	return max(scrape/looksPerScrape, minLookInterval)
+	return max(scrape, minLookInterval)
 }
 
 // JitterSeed is the seed of an optimizer's jitter, from its namespace/name:
@@ -435,11 +427,14 @@ func (p *Policy) setBalancer(now time.Time, lb weights.Balancer, why Reason) {
 	p.balancer, p.why = lb, why
 }
 
-// schedule sets the next regular cycle one period (plus jitter) after from.
+// schedule sets the next regular cycle one period after from, give or
+// take half a scrape interval of jitter: queries within one scrape
+// interval read the same samples, so spreading many optimizers' cycles
+// over one costs no freshness, and the mean period stays the cycle.
 func (p *Policy) schedule(from time.Time) {
 	c := p.cfg.Cycle
-	if p.cfg.Jitter != nil {
-		c += time.Duration(p.cfg.Jitter() * jitterShare * float64(p.cfg.Cycle))
+	if p.cfg.Jitter != nil && p.cfg.Engine.ScrapeInterval > 0 {
+		c += time.Duration((p.cfg.Jitter() - 0.5) * float64(min(p.cfg.Engine.ScrapeInterval, p.cfg.Cycle)))
 	}
 	p.nextCycle = from.Add(c)
 }

@@ -2,19 +2,10 @@ package weights
 
 import "time"
 
-// Params tunes the engine. DefaultParams returns values that work.
+// Params tunes the engine. DefaultParams returns values that work. Sampling
+// is not tuning: it says how the metrics were taken.
 type Params struct {
-	// QueryWindow is the range of the rate() that produced the signals; the
-	// engine averages the weights each pod held over it.
-	QueryWindow time.Duration
-	// ScrapeInterval is how often the metrics backend scrapes the pods (plus
-	// any delay of the exporter). A rate() over QueryWindow really averages
-	// the samples it found: a span of QueryWindow-ScrapeInterval to
-	// QueryWindow that ends up to one ScrapeInterval before the query. The
-	// engine only draws conclusions that hold for every such span, so a
-	// weight change inside the window cannot be mistaken for a capacity
-	// change. 0 means the rate covers exactly the query window.
-	ScrapeInterval time.Duration
+	Sampling
 	// DeadBand is the cost of a write, as a relative weight error (0.05 =
 	// 5%): new weights are written only when the request time they are
 	// predicted to save beats what targets each DeadBand off, plus the
@@ -53,11 +44,22 @@ type Params struct {
 	// left at capacity shares, which at high load takes minutes. Backlogs
 	// are measured from request rates and latency. 0 = off.
 	DrainTime time.Duration
-	// MeanWeight is the mean weight the engine scales to, fine enough that
-	// rounding to integers moves no share by more than a percent. MeanWeight/MaxRatio
-	// must be at least 10 (rounding) and MeanWeight*MaxRatio*4096 below
-	// 2^32-1 (sums per locality).
-	MeanWeight uint32
+}
+
+// Sampling is how the signals were measured, as the metrics pipeline
+// sets it: facts the engine must be told, not settings that tune it.
+type Sampling struct {
+	// QueryWindow is the range of the rate() that produced the signals; the
+	// engine averages the weights each pod held over it.
+	QueryWindow time.Duration
+	// ScrapeInterval is how often the metrics backend scrapes the pods (plus
+	// any delay of the exporter). A rate() over QueryWindow really averages
+	// the samples it found: a span of QueryWindow-ScrapeInterval to
+	// QueryWindow that ends up to one ScrapeInterval before the query. The
+	// engine only draws conclusions that hold for every such span, so a
+	// weight change inside the window cannot be mistaken for a capacity
+	// change. 0 means the rate covers exactly the query window.
+	ScrapeInterval time.Duration
 }
 
 // Retired are Params fields kept so that configurations that set them

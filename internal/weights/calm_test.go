@@ -345,7 +345,7 @@ func TestExpiryFallsBackToEqualWeights(t *testing.T) {
 			t.Fatalf("past expiry: mode %s", res.Mode)
 		}
 		for name, w := range res.Weights {
-			if w != DefaultParams().MeanWeight {
+			if w != uint32(DefaultParams().meanWeight()) {
 				t.Fatalf("past expiry: %s has %d, want equal weights", name, w)
 			}
 		}

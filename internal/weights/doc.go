@@ -49,8 +49,9 @@
 //     2^32-1.
 //
 // Result.Learned says the estimates are confident (their standard
-// deviation within the dead band) for the pods carrying at least 90% of
-// the traffic and no pod is behind: until then the operator keeps
+// deviation within the dead band) for the pods carrying all the traffic
+// but what the cap's headroom could absorb (1-maxUtilisation, 7%), and no
+// pod is behind: until then the operator keeps
 // LEAST_REQUEST. Result.Reasons says why, as typed codes (reasons.go);
 // Result.Message renders them.
 //

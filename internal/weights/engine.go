@@ -69,8 +69,9 @@ type podState struct {
 	backlog  float64
 	backlogs []backlogPoint
 	capRate  float64
-	// hot: at the last cycle the pod used all the CPU it could.
-	hot bool
+	// hot: at the last cycle the pod used all the CPU it could; hotBlind:
+	// and there were no request rates to measure its queue by.
+	hot, hotBlind bool
 	// latency is the latency the last cycle saw (the higher of the
 	// window's and the recent one), 0 = none; latencyRatios the pod's last
 	// log(recent/window) while it kept up (see Alarm).
@@ -107,7 +108,7 @@ func (st *podState) backlogAt(at time.Time, window time.Duration) float64 {
 // New returns an engine with parameters p; invalid fields take their
 // defaults (check p.Validate() to report them).
 func New(p Params) *Engine {
-	return &Engine{params: p.sanitized(), pods: map[string]*podState{}, classes: map[string]float64{}, noise: minNoise}
+	return &Engine{params: p.sanitized(), pods: map[string]*podState{}, classes: map[string]float64{}, noise: minNoise()}
 }
 
 // SetParams changes the parameters; what was learned is kept.

@@ -35,9 +35,10 @@ type filter struct {
 const zSigmas = 4
 
 // minNoise is the least noise (log scale) a reading is taken to have, and
-// the noise assumed before any is measured: the rates of one window are
-// counts over it, and a percent is the order of their scrape jitter.
-const minNoise = 0.01
+// the noise assumed before any is measured: one unit of the smallest
+// weight, the finest difference the weights can express (a percent). It is
+// derived, not tuned.
+func minNoise() float64 { return 1.0 / smallestWeight }
 
 // processVariance is the variance a settled estimate's walk adds per
 // reading, relative to the reading's: the steady Kalman gain g of a random
@@ -200,7 +201,7 @@ func (e *Engine) measureNoise(squares []float64) {
 	variance := median(squares) / 0.455
 	e.noiseCycles = min(e.noiseCycles+1, e.params.memory())
 	g := 1 / float64(e.noiseCycles)
-	e.noise = min(max(math.Sqrt((1-g)*e.noise*e.noise+g*variance), minNoise), 0.5)
+	e.noise = min(max(math.Sqrt((1-g)*e.noise*e.noise+g*variance), minNoise()), 0.5)
 }
 
 // memory is the number of readings a settled estimate averages over.
@@ -300,7 +301,7 @@ func (e *Engine) rememberClasses(set []Pod) {
 		counts[pod.HardwareClass]++
 	}
 	for _, class := range slices.Sorted(maps.Keys(counts)) {
-		if _, known := e.classes[class]; known || len(e.classes) < MaxEndpoints {
+		if _, known := e.classes[class]; known || len(e.classes) < len(set) {
 			e.classes[class] = sums[class] / float64(counts[class])
 		}
 	}
@@ -388,6 +389,21 @@ func (e *Engine) models(set []Pod) []podModel {
 			m.logVar += unknownVar // the median's cores: a guess next to pods with their own
 			m.settledVar += unknownVar
 		}
+	}
+	return out
+}
+
+// coresFloors returns, for each pod without a limit whose cores estimate
+// has seen readings on its node, the least its cores can be: zSigmas of
+// the estimate's own uncertainty below it; 0 for the others.
+func (e *Engine) coresFloors(set []Pod) []float64 {
+	out := make([]float64, len(set))
+	for i, pod := range set {
+		st := e.pods[pod.Name]
+		if knownCores(pod) || st == nil || !st.cores.known || st.coresNode != pod.Node {
+			continue
+		}
+		out[i] = math.Exp(st.cores.m - zSigmas*math.Sqrt(st.cores.v))
 	}
 	return out
 }

@@ -75,7 +75,7 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 	case 2:
 		p.DeadBand, p.Smoothing, p.MaxStep = 0, 1, 10
 	case 3:
-		p.MeanWeight, p.MaxRatio = maxMeanTimesRatio/100, 100
+		p.MaxRatio = 100 // the largest: 4096 weights of up to 100x the mean
 	case 4:
 		p.QueryWindow, p.MaxRatio, p.DeadBand = -1, math.NaN(), 7 // nonsense: defaults apply
 	}

@@ -124,6 +124,21 @@ func readSignals(set []Pod, obs map[string]Signal) cycleReadings {
 	return out
 }
 
+// noisyCeilings clears the saturation of a pod without a limit whose CPU
+// is below its settled cores: its ceiling is its own CPU plus its node's
+// idle CPU, and a spike of its neighbours' CPU empties the node without
+// the pod being any busier. floors holds the least each pod's cores can be
+// (zSigmas of its estimate's own uncertainty below it), 0 for none. A pod
+// that did reach its cores uses them.
+func noisyCeilings(set []Pod, c *cycleReadings, floors []float64) {
+	for i, pod := range set {
+		r := &c.pods[i]
+		if r.saturated && !knownCores(pod) && floors[i] > 0 && r.cpu < saturatedUse*floors[i] {
+			r.saturated = false
+		}
+	}
+}
+
 // readRecentCPU marks as saturated the pods whose CPU over the last two
 // scrape intervals (Signal.RecentCPU) is at their limit and stands out of
 // the window's by zSigmas of how the two usually differ for that pod
@@ -268,7 +283,7 @@ func readCores(set []Pod, c *cycleReadings, noise float64) {
 		if knownCores(pod) || !r.hasCPU || r.cpu <= 0 || !r.hasRequests || r.requests <= 0 || !r.hasLatency || !r.shareOK {
 			continue
 		}
-		if math.Log(r.shareHi/r.shareLo) > max(noise, minNoise) {
+		if math.Log(r.shareHi/r.shareLo) > max(noise, minNoise()) {
 			continue // the load changed within the window: its mean wait says little
 		}
 		lo, hi := coresBounds(pod)
@@ -281,7 +296,7 @@ func readCores(set []Pod, c *cycleReadings, noise float64) {
 		}
 		hi = max(hi, lo)
 		perRequest := r.cpu / r.requests
-		wait := max(r.latency/perRequest-1, noise, minNoise)
+		wait := max(r.latency/perRequest-1, noise, minNoise())
 		r.cores = min(max(coresForWait(r.cpu, wait, hi), lo), hi)
 	}
 }

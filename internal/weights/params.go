@@ -7,23 +7,22 @@ import (
 	"time"
 )
 
-const (
-	// MaxEndpoints is the most endpoints Istio accepts in one ServiceEntry.
-	// Weight bounds are chosen so that this many weights still sum below
-	// 2^32-1, the limit Envoy puts on the weights of one locality.
-	MaxEndpoints = 4096
-	// maxWeightSum is the largest sum of weights the engine ever produces.
-	maxWeightSum = math.MaxUint32 - 1
-	// maxMeanTimesRatio keeps MeanWeight*MaxRatio*MaxEndpoints below 2^32-1.
-	maxMeanTimesRatio = maxWeightSum / MaxEndpoints
-)
+// maxWeightSum is the largest sum of weights the engine ever produces:
+// Envoy limits the weights of one locality to 2^32-1 (see settle).
+const maxWeightSum = math.MaxUint32 - 1
+
+// smallestWeight is the weight of a pod at mean/MaxRatio: rounding to an
+// integer moves it by at most half a percent. The mean weight is
+// smallestWeight*MaxRatio (1000 at the default ratio of 10), and with
+// MaxRatio at most 100 a Service of 4096 endpoints, Istio's limit, sums
+// below 2^32-1.
+const smallestWeight = 100
 
 // DefaultParams returns parameters that suit a Service scraped every 15 s
 // and queried every 30 s with rate(...[1m]).
 func DefaultParams() Params {
 	return Params{
-		QueryWindow:    time.Minute,
-		ScrapeInterval: 15 * time.Second,
+		Sampling:       Sampling{QueryWindow: time.Minute, ScrapeInterval: 15 * time.Second},
 		DeadBand:       0.05,
 		MaxStep:        1.0,
 		MaxRatio:       10,
@@ -33,7 +32,6 @@ func DefaultParams() Params {
 		Expiry:         5 * time.Minute,
 		PoolByHardware: false,
 		DrainTime:      15 * time.Second,
-		MeanWeight:     1000,
 	}
 }
 
@@ -58,8 +56,8 @@ func (p Params) Validate() error {
 	if !inRange(p.MaxStep, 0, 10) || p.MaxStep == 0 {
 		bad("max step %v must be above 0 and at most 10", p.MaxStep)
 	}
-	if !inRange(p.MaxRatio, 1, 1000) {
-		bad("max ratio %v must be between 1 and 1000", p.MaxRatio)
+	if !inRange(p.MaxRatio, 1, 100) {
+		bad("max ratio %v must be between 1 and 100", p.MaxRatio)
 	}
 	if !inRange(p.Smoothing, 0, 1) || p.Smoothing == 0 {
 		bad("smoothing %v must be above 0 and at most 1", p.Smoothing)
@@ -75,19 +73,6 @@ func (p Params) Validate() error {
 	}
 	if p.DrainTime < 0 {
 		bad("drain time %v must not be negative", p.DrainTime)
-	}
-	if p.MeanWeight == 0 {
-		bad("mean weight must be positive")
-	} else if inRange(p.MaxRatio, 1, 1000) {
-		mean := float64(p.MeanWeight)
-		if mean/p.MaxRatio < 1/maxRounding {
-			bad("mean weight %d divided by max ratio %v must be at least %v, or rounding distorts small weights",
-				p.MeanWeight, p.MaxRatio, 1/maxRounding)
-		}
-		if mean*p.MaxRatio > maxMeanTimesRatio {
-			bad("mean weight %d times max ratio %v must be at most %d, so that %d endpoints sum below 2^32-1",
-				p.MeanWeight, p.MaxRatio, maxMeanTimesRatio, MaxEndpoints)
-		}
 	}
 	return errors.Join(errs...)
 }
@@ -109,7 +94,7 @@ func (p Params) sanitized() Params {
 	if !inRange(p.MaxStep, 0, 10) || p.MaxStep == 0 {
 		p.MaxStep = d.MaxStep
 	}
-	if !inRange(p.MaxRatio, 1, 1000) {
+	if !inRange(p.MaxRatio, 1, 100) {
 		p.MaxRatio = d.MaxRatio
 	}
 	if !inRange(p.Smoothing, 0, 1) || p.Smoothing == 0 {
@@ -127,26 +112,15 @@ func (p Params) sanitized() Params {
 	if p.DrainTime < 0 {
 		p.DrainTime = d.DrainTime
 	}
-	mean := float64(p.MeanWeight)
-	if p.MeanWeight == 0 || mean/p.MaxRatio < 1/maxRounding || mean*p.MaxRatio > maxMeanTimesRatio {
-		p.MeanWeight, p.MaxRatio = d.MeanWeight, d.MaxRatio
-	}
 	return p
 }
 
 // inRange reports lo <= v <= hi, false for NaN.
 func inRange(v, lo, hi float64) bool { return v >= lo && v <= hi }
 
-// slowStartFloor is the share of its full weight a pod gets the moment it
-// becomes ready when SlowStart is on: Envoy's slow start starts at 10%.
-const slowStartFloor = 0.1
-
-// maxRounding is the most a weight's rounding to an integer may move it:
-// a tenth, at the smallest weight (MeanWeight/MaxRatio at least 10).
-const maxRounding = 0.1
-
-// rampFactor is how far through slow start pod is at now: slowStartFloor
-// when it just became ready, 1 once SlowStart has passed.
+// rampFactor is how far through slow start pod is at now: 0 when it just
+// became ready, 1 once SlowStart has passed. The ramp starts at the
+// smallest weight MaxRatio allows (see proposalFrom).
 func (p Params) rampFactor(pod Pod, now time.Time) float64 {
 	if p.SlowStart <= 0 || pod.ReadySince.IsZero() {
 		return 1
@@ -155,11 +129,11 @@ func (p Params) rampFactor(pod Pod, now time.Time) float64 {
 	if elapsed >= p.SlowStart {
 		return 1
 	}
-	if elapsed < 0 {
-		elapsed = 0
-	}
-	return slowStartFloor + (1-slowStartFloor)*float64(elapsed)/float64(p.SlowStart)
+	return max(float64(elapsed), 0) / float64(p.SlowStart)
 }
+
+// meanWeight is the mean weight the engine scales to (see smallestWeight).
+func (p Params) meanWeight() float64 { return smallestWeight * p.MaxRatio }
 
 // horizon is how far back an observation can reach, with a margin for
 // backends that also use the sample just before the window.

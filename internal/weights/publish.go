@@ -32,25 +32,23 @@ type verdict struct {
 	changedWeights bool
 }
 
-// proposalFrom turns traffic into weights of mean MeanWeight, within
-// MaxRatio of the mean, scaled by slow start.
+// proposalFrom turns traffic into weights of mean meanWeight, scaled by
+// slow start, within MaxRatio of the mean.
 func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
 	sum := 0.0
 	for _, v := range x {
 		sum += v
 	}
 	out := make([]float64, len(set))
-	for i := range set {
-		if sum > 0 {
-			out[i] = float64(p.MeanWeight) * float64(len(set)) * x[i] / sum
-		} else {
-			out[i] = float64(p.MeanWeight)
-		}
-	}
-	clampRatio(out, p.MaxRatio)
 	for i, pod := range set {
+		if sum > 0 {
+			out[i] = p.meanWeight() * float64(len(set)) * x[i] / sum
+		} else {
+			out[i] = p.meanWeight()
+		}
 		out[i] *= p.rampFactor(pod, now)
 	}
+	clampRatio(out, p.MaxRatio)
 	return out
 }
 

@@ -62,7 +62,7 @@ func (s Snapshot) Similar(o Snapshot) bool {
 // yet) leaves the noise at its prior.
 func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 	if s.Valid() {
-		e.noise = min(max(s.Noise, minNoise), 0.5)
+		e.noise = min(max(s.Noise, minNoise()), 0.5)
 		e.noiseCycles = min(s.NoiseCycles, e.params.memory())
 		if c := time.Duration(s.CycleSeconds * float64(time.Second)); c > 0 && !math.IsInf(s.CycleSeconds, 0) {
 			e.cycle = c

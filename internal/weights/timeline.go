@@ -106,10 +106,6 @@ func secondsBetween(ref, at time.Time) float64 {
 // window is a span [from, to] in seconds relative to the observation time.
 type window struct{ from, to float64 }
 
-// maxBreaks bounds the weight changes considered inside one observation's
-// reach, so a burst of writes cannot make one cycle expensive.
-const maxBreaks = 16
-
 // rateWindows lists the spans a rate() over the query window W may really
 // have averaged, when the backend scrapes every S: Prometheus uses the
 // samples inside the window, which span at least W-S and end at most S
@@ -131,6 +127,10 @@ func rateWindows(p Params, segs []segment) []window {
 			breaks = append(breaks, seg.start)
 		}
 	}
+	// A rate's resolution is one scrape: more weight changes than the
+	// window holds scrapes cannot be told apart, and thinning them to that
+	// many keeps a burst of writes from making one cycle expensive.
+	maxBreaks := int(math.Ceil(w/s)) + 1
 	if len(breaks) > maxBreaks {
 		thinned := make([]float64, 0, maxBreaks)
 		for i := range maxBreaks {

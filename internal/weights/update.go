@@ -33,6 +33,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 
 	// Observe.
+	noisyCeilings(set, &c, e.coresFloors(set))
 	prior := make([][]float64, len(set))
 	for i, pod := range set {
 		if st := e.pods[pod.Name]; st != nil {
@@ -105,6 +106,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		r := c.pods[i]
 		st.hot = r.saturated
 		st.backlog, st.capRate = r.backlog, r.capRate
+		st.hotBlind = r.saturated && !c.fromRequests
 		if !obs.Early {
 			st.backlogs = appendBacklog(st.backlogs, backlogPoint{now, r.backlog}, e.params.memory())
 		}
@@ -323,18 +325,18 @@ func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed
 		Unlearned: unlearned, Reasons: reasons, Message: render(reasons)}
 }
 
-// learnedShare is the share of the traffic that must rest on confident
-// estimates for Learned: LEAST_REQUEST, which the operator keeps until
-// then, handles the rest (new or changing pods) by their queues, and a
-// tenth of the traffic is what one pod of ten carries.
-const learnedShare = 0.9
-
 // learned reports Result.Learned: the pods whose capacity's standard
 // deviation is within the dead band (the estimate is as good as a write
-// is worth) carry at least learnedShare of the traffic (the larger of
-// their share of the live and of the new weights), and no pod has a
-// queue that weights would keep feeding for a cycle (a backlog, at its
-// limit) or an overload CPU alone cannot show (blind).
+// is worth) carry all the traffic but what the cap's headroom could absorb
+// (1-maxUtilisation: were the rest misplaced entirely, the other pods would
+// take it within the room the cap keeps on them; the larger of the unsure
+// pods' share of the live and of the new weights), and no pod has a
+// queue that weights would keep feeding: a backlog, or, with CPU alone,
+// which measures no backlog, being at its limit; nor an overload CPU
+// alone cannot show (blind). With request rates a pod at its limit whose
+// queue does not grow is merely busy: the cap runs pods at up to
+// maxUtilisation, and their CPU reaches their limit over a window now and
+// then by chance (the same rule as decidePods').
 func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
 	switch mode {
 	case ModeFallback, ModeNoData:
@@ -345,7 +347,7 @@ func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
 	unsure := 0.0
 	for i, pod := range set {
 		st := e.pods[pod.Name]
-		if st != nil && (st.hot || st.backlog > 0 || st.blind) {
+		if st != nil && (st.hotBlind || st.backlog > 0 || st.blind) {
 			return false
 		}
 		if st != nil && st.speed.known && (st.fromData || st.speed.v < 1) && math.Sqrt(models[i].logVar) <= max(e.params.DeadBand, e.noise) {
@@ -353,7 +355,7 @@ func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
 		}
 		unsure += max(live[i], next[i])
 	}
-	return unsure <= 1-learnedShare
+	return unsure <= 1-maxUtilisation
 }
 
 // cycleReasons explains an optimizing cycle.

@@ -367,8 +367,11 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 				name: n, class: g.HardwareClass, locality: g.Locality,
 				cores: int32(g.Cores), speed: g.Speed, initial: initial,
 				noLimit: g.NoLimit, cpuRequest: g.CPURequest, nodeCores: g.NodeCores,
-				phase:    phases.Float64(),
-				neighRNG: rand.New(rand.NewPCG(splitmix(sc.Seed^0x9e1b), splitmix(uint64(len(s.pods))))),
+				phase: phases.Float64(),
+				// The node's other tenants ran before the simulation
+				// starts: their CPU is there from the first sample.
+				neighRate: max(0, g.NodeCores-float64(g.Cores)),
+				neighRNG:  rand.New(rand.NewPCG(splitmix(sc.Seed^0x9e1b), splitmix(uint64(len(s.pods))))),
 			})
 		}
 	}

@@ -1,0 +1,77 @@
+package weights
+
+import (
+	"slices"
+	"testing"
+)
+
+// saturated reports whether res names pod among those at their CPU limit.
+func saturated(res Result, pod string) bool {
+	for _, r := range res.Reasons {
+		if r.Code == ReasonSaturated && slices.Contains(r.Pods, pod) {
+			return true
+		}
+	}
+	return false
+}
+
+// A spike of the neighbours' CPU empties a pod's node without the pod
+// being any busier: a pod without a limit, well below its settled cores,
+// is not taken to be at its limit (its censored reading would cut its
+// speed estimate, and the operator would leave ROUND_ROBIN). Its cores
+// reading still counts: the node left it no more room.
+func TestNeighbourSpikeIsNotSaturation(t *testing.T) {
+	s := newService(t, false, 0.6, 1)
+	s.converge(100)
+	s.now = s.now.Add(s.e.params.QueryWindow / 2)
+	obs := s.observe(1)
+	spiked := s.pods[4]
+	sig := obs.Signals[spiked.Name]
+	sig.NodeCPU = spiked.NodeCores // the node reads full: no idle CPU
+	obs.Signals[spiked.Name] = sig
+	res := s.apply(s.e.Update(s.pods, obs))
+	if saturated(res, spiked.Name) {
+		t.Errorf("%s taken to be at its limit on its neighbours' spike: %s", spiked.Name, res.Message)
+	}
+	if !res.Learned {
+		t.Errorf("after the spike: not learned: %s", res.Message)
+	}
+
+	// A pod that does use all of its cores is at its limit.
+	s.converge(5)
+	s.now = s.now.Add(s.e.params.QueryWindow / 2)
+	obs = s.observe(1)
+	sig = obs.Signals[spiked.Name]
+	sig.CPU, sig.NodeCPU = s.cores[4], spiked.NodeCores
+	obs.Signals[spiked.Name] = sig
+	if res := s.e.Update(s.pods, obs); !saturated(res, spiked.Name) {
+		t.Errorf("%s using all its %v cores with its node full is not at its limit: %s", spiked.Name, s.cores[4], res.Message)
+	}
+}
+
+// With request rates a pod whose CPU reaches its limit over a window but
+// whose queue does not grow is busy, not behind: the results stay Learned
+// (the operator keeps ROUND_ROBIN). With CPU alone, which measures no
+// queue, being at its limit is all that shows a pod behind, and Learned
+// ends.
+func TestAtItsLimitEndsLearnedOnCPUAlone(t *testing.T) {
+	for _, cpuAlone := range []bool{false, true} {
+		s := newService(t, true, 0.6, 2)
+		if cpuAlone {
+			s.off["requests"], s.off["latency"] = true, true
+		}
+		s.converge(100)
+		s.now = s.now.Add(s.e.params.QueryWindow / 2)
+		obs := s.observe(1)
+		sig := obs.Signals[s.pods[0].Name]
+		sig.CPU = s.cores[0] // at its limit over the window
+		obs.Signals[s.pods[0].Name] = sig
+		res := s.apply(s.e.Update(s.pods, obs))
+		if !saturated(res, s.pods[0].Name) {
+			t.Fatalf("CPU alone %v: %s at its limit not reported: %s", cpuAlone, s.pods[0].Name, res.Message)
+		}
+		if res.Learned == cpuAlone {
+			t.Errorf("CPU alone %v: learned %v, want %v: %s", cpuAlone, res.Learned, !cpuAlone, res.Message)
+		}
+	}
+}
