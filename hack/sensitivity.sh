@@ -5,7 +5,7 @@
 # bench's targets are run with
 # one value changed at a time, at half and double its default (or the
 # nearest value that stays in range), and one Markdown row is printed per
-# run. SpeedTilt and DrainTime change by bench flag; a package constant
+# run. Params change by bench flag; a package constant
 # changes through `go build -overlay`, so the working tree is never edited.
 #
 #   hack/sensitivity.sh            # each scenario file's own seed
@@ -83,48 +83,22 @@ constant() {
 "$work/bench" --targets "$scenarios" --seeds "$seeds" >"$work/out"
 summarise "" "" ""
 summarise "(all defaults)" "" ""
-run "SpeedTilt (--speed-tilt)" 0.03 0.015 "$work/bench" --speed-tilt 0.015
-run "SpeedTilt (--speed-tilt)" 0.03 0.06 "$work/bench" --speed-tilt 0.06
 run "DrainTime (--drain-time)" 15s 7.5s "$work/bench" --drain-time 7.5s
 run "DrainTime (--drain-time)" 15s 30s "$work/bench" --drain-time 30s
+run "DeadBand (--dead-band)" 0.05 0.025 "$work/bench" --dead-band 0.025
+run "DeadBand (--dead-band)" 0.05 0.1 "$work/bench" --dead-band 0.1
+run "Smoothing (--smoothing)" 0.05 0.025 "$work/bench" --smoothing 0.025
+run "Smoothing (--smoothing)" 0.05 0.1 "$work/bench" --smoothing 0.1
+run "MaxStep (--max-step)" 1 0.5 "$work/bench" --max-step 0.5
+run "MaxStep (--max-step)" 1 2 "$work/bench" --max-step 2
 w=internal/weights
-constant $w/cores.go minWaitRatio 0.02 0.01
-constant $w/cores.go minWaitRatio 0.02 0.04
-constant $w/cores.go coresGain 0.25 0.125
-constant $w/cores.go coresGain 0.25 0.5
-constant $w/cores.go ceilingGain 0.1 0.05
-constant $w/cores.go ceilingGain 0.1 0.2
-constant $w/estimate.go recentSigmas 2.5 1.25
-constant $w/estimate.go recentSigmas 2.5 5
-constant $w/drain.go hotDrain 0.8 0.4
-constant $w/drain.go hotDrain 0.8 0.9
-constant $w/estimate.go saturatedDiscount 0.8 0.4
-constant $w/estimate.go saturatedDiscount 0.8 0.9
-constant $w/split.go splitFullBelow 0.4 0.2
-constant $w/split.go splitFullBelow 0.4 0.5
-constant $w/split.go splitNoneFrom 0.6 0.5
-constant $w/split.go splitNoneFrom 0.6 0.8
-constant $w/split.go coresPool 0.2 0.1
-constant $w/split.go coresPool 0.2 0.4
-constant $w/split.go maxSplitLoad 0.98 0.9
-constant $w/split.go maxSplitLoad 0.98 0.99
-constant $w/split.go queueFadeFrom 0.9 0.45
-constant $w/split.go queueFadeFrom 0.9 0.95
-constant $w/split.go queueFullest 0.95 0.475
-constant $w/split.go queueFullest 0.95 0.97
-constant $w/split.go requestsGrace 3 1
-constant $w/split.go requestsGrace 3 6
-constant $w/split.go offeredGain 0.25 0.125
-constant $w/split.go offeredGain 0.25 0.5
-constant $w/learned.go learnedShare 0.9 0.8
-constant $w/learned.go learnedShare 0.9 0.95
-constant $w/alarm.go alarmLatency 2 1
+constant $w/estimate.go zSigmas 4 2
+constant $w/estimate.go zSigmas 4 8
+constant $w/decide.go maxUtilisation 0.93 0.85
+constant $w/decide.go maxUtilisation 0.93 0.96
+constant $w/observe.go saturatedUse 0.97 0.9
+constant $w/observe.go saturatedUse 0.97 0.99
+constant $w/alarm.go alarmLatency 2 1.5
 constant $w/alarm.go alarmLatency 2 4
-constant $w/alarm.go suspectCut 0.5 0.25
-constant $w/alarm.go suspectCut 0.5 1
-constant $w/drain.go suspectUtil 0.85 0.425
-constant $w/drain.go suspectUtil 0.85 0.95
-constant $w/bands.go loadBandFrom 0.7 0.35
-constant $w/bands.go loadBandFrom 0.7 0.95
-constant $w/bands.go minLoadBand 0.5 0.25
-constant $w/bands.go minLoadBand 0.5 1
+constant $w/params.go smallestWeight 100 50
+constant $w/params.go smallestWeight 100 200

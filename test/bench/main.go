@@ -46,9 +46,10 @@ func main() {
 		readme       = flag.String("readme", "", "with --markdown: also regenerate the figures between the bench-docs markers of this README")
 		sensitivity  = flag.String("sensitivity", "test/bench/sensitivity.md", "with --markdown: the sensitivity table to include (make bench-sensitivity writes it)")
 		matrixCache  = flag.String("matrix-cache", "", "with --markdown: keep the runs in this file, and read them from it when it exists (to rework the template without rerunning)")
-		speedTilt    = flag.Float64("speed-tilt", -1, "engine SpeedTilt for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		drainTime    = flag.Duration("drain-time", -1, "engine DrainTime for the optimizer strategies (sensitivity runs; default: DefaultParams)")
-		minLatency   = flag.String("minimize-latency", "", "engine MinimizeLatency, true or false (sensitivity runs; default: DefaultParams)")
+		deadBand     = flag.Float64("dead-band", -1, "engine DeadBand for the optimizer strategies (sensitivity runs; default: DefaultParams)")
+		smoothing    = flag.Float64("smoothing", -1, "engine Smoothing for the optimizer strategies (sensitivity runs; default: DefaultParams)")
+		maxStep      = flag.Float64("max-step", -1, "engine MaxStep for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: bench --scenario FILE | --all DIR | FILE... [--json] [--strategies a,b]\n")
@@ -56,16 +57,19 @@ func main() {
 	}
 	flag.Parse()
 	recordTrace = *record
-	if *speedTilt >= 0 || *drainTime >= 0 || *minLatency != "" {
+	if *drainTime >= 0 || *deadBand >= 0 || *smoothing >= 0 || *maxStep >= 0 {
 		benchParams = func(p *weights.Params) {
-			if *speedTilt >= 0 {
-				p.SpeedTilt = *speedTilt
-			}
 			if *drainTime >= 0 {
 				p.DrainTime = *drainTime
 			}
-			if *minLatency != "" {
-				p.MinimizeLatency = *minLatency == "true"
+			if *deadBand >= 0 {
+				p.DeadBand = *deadBand
+			}
+			if *smoothing >= 0 {
+				p.Smoothing = *smoothing
+			}
+			if *maxStep >= 0 {
+				p.MaxStep = *maxStep
 			}
 		}
 	}
