@@ -149,7 +149,7 @@ func TestProbeIntervalFollowsTheSpec(t *testing.T) {
 		edit func(*optv1.IstioAdaptiveRequestOptimizer)
 		want time.Duration
 	}{
-		{"defaults", func(*optv1.IstioAdaptiveRequestOptimizer) {}, 5 * time.Second},
+		{"defaults", func(*optv1.IstioAdaptiveRequestOptimizer) {}, 15 * time.Second},
 		{"LEAST_REQUEST steers around queues itself", func(o *optv1.IstioAdaptiveRequestOptimizer) {
 			o.Spec.LoadBalancer = optv1.LoadBalancerLeastRequest
 		}, 0},
@@ -166,7 +166,7 @@ func TestProbeIntervalFollowsTheSpec(t *testing.T) {
 		{"30 s scrapes", func(o *optv1.IstioAdaptiveRequestOptimizer) {
 			o.Spec.Optimization = &optv1.Optimization{ScrapeInterval: &optv1.Duration{Duration: 30 * time.Second},
 				QueryWindow: &optv1.Duration{Duration: 2 * time.Minute}}
-		}, 10 * time.Second},
+		}, 30 * time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -278,12 +278,15 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 
 // Between two cycles the running worker looks every look interval, on the
 // injected clock, and no look starts within one interval of the cycle (the
-// policy's timing, internal/policy): the looks after a cycle come 5 s
-// apart and the last at least 5 s before the next cycle.
+// policy's timing, internal/policy): the looks after a cycle come one
+// scrape interval (15 s) apart and the last at least one interval before
+// the next cycle, which comes a cycle after the last, give or take half a
+// scrape interval.
 func TestLooksKeepClearOfTheCycle(t *testing.T) {
 	clk, loop, src, key, s, wake := runningLoop(t)
-	if s.ProbeInterval != 5*time.Second {
-		t.Fatalf("look interval %v, want 5s (a 15s scrape interval)", s.ProbeInterval)
+	interval := s.ProbeInterval
+	if interval != 15*time.Second {
+		t.Fatalf("look interval %v, want 15s (a 15s scrape interval)", interval)
 	}
 	// The last cycle ran as the worker starts; looks until the next.
 	cycleAt := loop.Book.Outcome(key).Time
@@ -307,20 +310,24 @@ func TestLooksKeepClearOfTheCycle(t *testing.T) {
 			looks = append(looks, at.Sub(cycleAt))
 		}
 	}
-	if len(looks) < 4 {
-		t.Fatalf("looks at %v after the cycle, the next at %v", looks, next.Sub(cycleAt))
+	if want := int((next.Sub(cycleAt) - interval) / interval); len(looks) != want {
+		t.Fatalf("looks at %v after the cycle, the next at %v: want %d", looks, next.Sub(cycleAt), want)
 	}
 	for i, l := range looks {
-		if l != time.Duration(i+1)*5*time.Second {
-			t.Errorf("looks at %v after the cycle, want every 5s", looks)
+		if l != time.Duration(i+1)*interval {
+			t.Errorf("looks at %v after the cycle, want every %v", looks, interval)
 			break
 		}
 	}
-	if gap := next.Sub(cycleAt) - looks[len(looks)-1]; gap < 5*time.Second {
-		t.Errorf("the last look %v before the cycle, want at least 5s", gap)
+	last := time.Duration(0)
+	if len(looks) > 0 {
+		last = looks[len(looks)-1]
 	}
-	if d := next.Sub(cycleAt); d < s.Cycle || d > s.Cycle*11/10+time.Second {
-		t.Errorf("the next cycle %v after the last, want the cycle %v plus at most a tenth", d, s.Cycle)
+	if gap := next.Sub(cycleAt) - last; gap < interval {
+		t.Errorf("the last look %v before the cycle, want at least %v", gap, interval)
+	}
+	if d := next.Sub(cycleAt); d < s.Cycle-7500*time.Millisecond || d > s.Cycle+7500*time.Millisecond+time.Second {
+		t.Errorf("the next cycle %v after the last, want the cycle %v give or take half a scrape interval", d, s.Cycle)
 	}
 }
 
