@@ -42,6 +42,30 @@ type decidePod struct {
 	overloaded bool
 }
 
+// Split is the promise solved on known capacities: the traffic the engine's
+// solver gives pods of cores[i] cores of speed speeds[i] per core (any
+// consistent unit) at a total load in the same unit (busy cores times
+// speed), as shares that sum to 1. It is what the engine converges to when
+// its estimates are right, and what a benchmark's oracle of the best static
+// weights or a test compares with. Pods with no valid cores or speed get 0.
+func Split(cores, speeds []float64, load float64) []float64 {
+	pods := make([]decidePod, len(cores))
+	for i := range pods {
+		pods[i] = decidePod{c: cores[i], v: speeds[i], upper: math.Inf(1)}
+	}
+	x := solve(pods, load)
+	sum := 0.0
+	for _, v := range x {
+		sum += v
+	}
+	if sum > 0 {
+		for i := range x {
+			x[i] /= sum
+		}
+	}
+	return x
+}
+
 // solve returns each pod's traffic for a total load. Pods with no valid
 // cores or speed get nothing; a load the free pods cannot take below their
 // caps is split in proportion to their capacities (everyone equally busy),

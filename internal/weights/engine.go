@@ -45,6 +45,7 @@ type Engine struct {
 
 	started     bool
 	lastGood    time.Time // last observation with data; starts the expiry clock
+	recoveredAt time.Time // first observation with data after a spell without
 	lastUpdate  time.Time // last regular cycle with data
 	cycle       time.Duration
 	mode        Mode

@@ -111,8 +111,9 @@ func normCDF(x float64) float64 { return 0.5 * math.Erfc(-x/math.Sqrt2) }
 func sq(x float64) float64      { return x * x }
 
 // estimate folds this cycle's readings into the estimates and returns how
-// many pods it learned from.
-func (e *Engine) estimate(set []Pod, c *cycleReadings, early bool) int {
+// many pods it learned from. With keepNoise their misfit does not update
+// the readings' noise.
+func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 	e.markBlind(set, c)
 	scale := e.fitScale(set, c)
 	r := e.noise * e.noise
@@ -142,7 +143,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, early bool) int {
 		}
 		st.speed.update(lo, hi, r, e.overlapInflation(), e.params)
 	}
-	if !early {
+	if !keepNoise {
 		e.measureNoise(residuals)
 	}
 	e.updateCores(set, c)

@@ -1,8 +1,10 @@
 package weights
 
 import (
+	"errors"
 	"slices"
 	"testing"
+	"time"
 )
 
 // saturated reports whether res names pod among those at their CPU limit.
@@ -73,5 +75,33 @@ func TestAtItsLimitEndsLearnedOnCPUAlone(t *testing.T) {
 		if res.Learned == cpuAlone {
 			t.Errorf("CPU alone %v: learned %v, want %v: %s", cpuAlone, res.Learned, !cpuAlone, res.Message)
 		}
+	}
+}
+
+// The windows that reach back into a spell without data hold the backend's
+// gap: their misfit does not raise the readings' noise, which would widen
+// the publish bar and hold wrong weights for many cycles after.
+func TestNoiseNotLearnedAcrossAnOutage(t *testing.T) {
+	s := newService(t, true, 0.7, 3)
+	s.converge(100)
+	before := s.e.noise
+	for range 3 {
+		s.now = s.now.Add(30 * time.Second)
+		s.apply(s.e.Update(s.pods, Observation{Time: s.now, Err: errors.New("backend down")}))
+	}
+	// Back: rates extrapolated from the few samples on either side of the
+	// gap, every pod's off by a different factor.
+	for k := range 2 {
+		s.now = s.now.Add(30 * time.Second)
+		obs := s.observe(1)
+		for i, pod := range s.pods {
+			sig := obs.Signals[pod.Name]
+			sig.Requests *= 1 + 0.5*float64((i+k)%3-1)
+			obs.Signals[pod.Name] = sig
+		}
+		s.apply(s.e.Update(s.pods, obs))
+	}
+	if s.e.noise > before*1.01 {
+		t.Errorf("reading noise %v after the outage, %v before: the gap's windows taught it", s.e.noise, before)
 	}
 }

@@ -25,6 +25,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	var reasons []Reason
 	if e.mode == ModeHolding || e.mode == ModeFallback || e.mode == ModeNoData {
 		reasons = append(reasons, Reason{Code: ReasonRecovered})
+		e.recoveredAt = now
 	}
 	e.lastGood = now
 	if c.meanCPU < e.params.MinCPU {
@@ -74,7 +75,11 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	// its readings are not new evidence of speed, only of backlogs.
 	learnedFrom := 0
 	if !obs.Early {
-		learnedFrom = e.estimate(set, &c, false)
+		// A window that reaches back into a spell without data holds the
+		// backend's gap: its rates come from the few samples on either
+		// side, and their misfit is no measure of the readings' noise.
+		gap := !e.recoveredAt.IsZero() && now.Sub(e.recoveredAt) < e.params.horizon()
+		learnedFrom = e.estimate(set, &c, gap)
 		if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
 			e.cycle = now.Sub(e.lastUpdate)
 		}

@@ -1,6 +1,10 @@
 package main
 
-import "math"
+import (
+	"math"
+
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
+)
 
 // The best static weights: the promise solved exactly with what only the
 // simulation knows, every pod's true cores and speed and the Service's true
@@ -14,14 +18,15 @@ import "math"
 // at zero load (their service time) is above it get nothing. The water level
 // is found by bisection.
 //
-// This must stay the engine's cost model (the M/M/c cost per pod, the cap
-// on utilisation, water-filling on marginal cost). The engine does not
-// export its solver; once it does, bestSplit should call it with the true
-// capacities instead of solving here.
+// The oracle runs the engine's own solver (weights.Split) on the true
+// capacities and load, so the gap between it and the optimizer is what the
+// estimates cost. bestSplit below solves the same problem with the exact
+// Erlang C wait instead of the engine's approximation; the tests check
+// that the engine's answer costs within a percent of the exact one.
 
 // bestCap is the utilisation no pod is loaded past: the engine's cap
-// (internal/weights, queueFullest: no pod past 95%).
-const bestCap = 0.95
+// (internal/weights, maxUtilisation).
+const bestCap = 0.93
 
 // mmcInSystem is the mean number of requests in an M/M/c queue of c
 // servers at offered load a (in servers, a < c): a + the mean queue length
@@ -125,13 +130,13 @@ func bestSplit(c []int, mu []float64, lambda float64) []float64 {
 type bestCtl struct{}
 
 func bestWeights(s *sim) []float64 {
-	c := make([]int, len(s.hosts))
+	c := make([]float64, len(s.hosts))
 	mu := make([]float64, len(s.hosts))
 	for i, h := range s.hosts {
-		c[i] = int(s.pods[h].cores)
+		c[i] = float64(s.pods[h].cores)
 		mu[i] = s.pods[h].speed / s.workMean
 	}
-	x := bestSplit(c, mu, s.lambdaC*float64(len(s.clients)))
+	x := weights.Split(c, mu, s.lambdaC*float64(len(s.clients)))
 	mean := 0.0
 	for _, v := range x {
 		mean += v / float64(len(x))
