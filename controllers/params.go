@@ -102,8 +102,8 @@ type Settings struct {
 	RecentCPUWindow, RecentLatencyWindow time.Duration
 	// ProbeInterval is how often, between cycles, the recent latency query
 	// runs for weights.Engine.Alarm, 0 = never: policy.LookInterval of the
-	// scrape interval (a third of it), so a new scrape is seen within a
-	// few seconds. Only when the manager allows looks, under ROUND_ROBIN,
+	// scrape interval (once per scrape interval, at least a second apart:
+	// a new scrape is the only new evidence a look can find). Only when the manager allows looks, under ROUND_ROBIN,
 	// outside a dry run, and when the recent latency query runs; the
 	// policy runs a look only while ROUND_ROBIN is live on learned
 	// weights. Derived by complete.
