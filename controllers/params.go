@@ -47,9 +47,9 @@ func (d *EngineDefaults) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&d.Params.QueryWindow, "default-query-window", d.Params.QueryWindow, "Range of rate() in the queries (spec.optimization.query_window).")
 	fs.DurationVar(&d.Params.ScrapeInterval, "default-scrape-interval", d.Params.ScrapeInterval, "Scrape interval of the pods' metrics (spec.optimization.scrape_interval).")
 	fs.Float64Var(&d.Params.DeadBand, "default-dead-band", d.Params.DeadBand, "Cost of a write: weights are written when they save more than its square of the request time, beyond the estimates' noise (spec.optimization.dead_band_percent / 100).")
-	fs.Float64Var(&d.Params.MaxStep, "default-max-step", d.Params.MaxStep, "Largest relative move of one weight per cycle (spec.optimization.max_step_percent / 100).")
+	fs.Float64Var(&d.Params.MaxStep, "default-max-step", d.Params.MaxStep, "Largest relative move of one weight per write; 1 = it may double or halve (spec.optimization.max_step_percent / 100).")
 	fs.Float64Var(&d.Params.MaxRatio, "default-max-weight-ratio", d.Params.MaxRatio, "Weights stay within mean/ratio and mean*ratio (spec.optimization.max_weight_ratio).")
-	fs.Float64Var(&d.Params.Smoothing, "default-smoothing", d.Params.Smoothing, "Share of a new capacity observation in the running estimate (spec.optimization.smoothing_percent / 100).")
+	fs.Float64Var(&d.Params.Smoothing, "default-smoothing", d.Params.Smoothing, "Share of a new reading in a settled capacity estimate; after a change the estimate restarts and follows within a few cycles (spec.optimization.smoothing_percent / 100).")
 	fs.Float64Var(&d.Params.MinCPU, "default-min-cpu", d.Params.MinCPU, "Mean CPU cores per pod below which weights are held (spec.optimization.min_cpu_millicores / 1000).")
 	fs.DurationVar(&d.Params.SlowStart, "default-slow-start", d.Params.SlowStart, "Ramp-up of a new pod's weight (spec.optimization.slow_start).")
 	fs.DurationVar(&d.Params.DrainTime, "default-drain-time", d.Params.DrainTime, "Time within which a pod's backlog should clear; it gets less traffic until then (spec.optimization.drain_time).")
@@ -102,8 +102,8 @@ type Settings struct {
 	RecentCPUWindow, RecentLatencyWindow time.Duration
 	// ProbeInterval is how often, between cycles, the recent latency query
 	// runs for weights.Engine.Alarm, 0 = never: policy.LookInterval of the
-	// scrape interval (a third of it), so a new scrape is seen within a
-	// few seconds. Only when the manager allows looks, under ROUND_ROBIN,
+	// scrape interval (once per scrape interval, at least a second apart:
+	// a new scrape is the only new evidence a look can find). Only when the manager allows looks, under ROUND_ROBIN,
 	// outside a dry run, and when the recent latency query runs; the
 	// policy runs a look only while ROUND_ROBIN is live on learned
 	// weights. Derived by complete.

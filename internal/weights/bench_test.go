@@ -37,7 +37,3 @@ func BenchmarkUpdate4096(b *testing.B) {
 		}
 	}
 }
-
-// BenchmarkPoolSpeeds4096 times poolSpeeds for the largest ServiceEntry,
-// every speed within reach of the 2047 others of its class (the costliest
-// case).
