@@ -270,7 +270,15 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods, Window: s.Params.QueryWindow}
 	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(pods))}
 
-	cpu, err := l.Source.Query(ctx, s.CPUQuery, qt, now)
+	// One request for every signal where the source can combine them:
+	// the cycle's load on the backend does not grow with its signals.
+	qs := cycleQueries(s, qt)
+	parts := make([]promsource.Part, len(qs))
+	for i, q := range qs {
+		parts[i] = q.part
+	}
+	got := l.queryParts(ctx, parts, now)
+	cpu, err := got[0].Result, got[0].Err
 	if ctx.Err() != nil {
 		// Stopped (the optimizer was deleted or the manager is stopping):
 		// nothing to count, and a series written now would outlive the
@@ -295,15 +303,11 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 	}
 	a := answers{cpu: cpu}
 	if obs.Err == nil {
-		a.requests = l.optionalSignal(ctx, logger, tgt, "requests", s.RequestQuery, qt, now)
-		a.latency = l.optionalSignal(ctx, logger, tgt, "latency", s.LatencyQuery, qt, now)
-		a.nodeCPU = l.optionalSignal(ctx, logger, tgt, "node_cpu", s.NodeCPUQuery, qt, now)
-		// The CPU and latency queries again, over the last two scrape
-		// intervals. From the recent latency the engine learns how it
-		// usually differs from the window's, which Alarm needs between
-		// cycles.
-		a.recentCPU = l.recentSignal(ctx, logger, tgt, "recent_cpu", s.CPUQuery, qt, s.RecentCPUWindow, now)
-		a.recentLatency = l.recentSignal(ctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
+		// Without CPU the cycle uses none of the others: they count
+		// nothing either.
+		for i := 1; i < len(qs); i++ {
+			a.set(qs[i].signal, l.optionalAnswer(ctx, logger, tgt, qs[i].signal, got[i].Result, got[i].Err))
+		}
 	}
 	// Series that were dropped (duplicates, NaN, no pod label, warnings)
 	// do not fail the cycle, but the user must hear why a pod has no data.
