@@ -23,7 +23,7 @@ func TestLookInstant(t *testing.T) {
 	cases := map[string]struct {
 		due, now, want time.Time
 	}{
-		"due on the grid":            {base.Add(10 * time.Second), base.Add(7 * time.Second), base.Add(10 * time.Second)},
+		"due on the grid":             {base.Add(10 * time.Second), base.Add(7 * time.Second), base.Add(10 * time.Second)},
 		"due between: the one before": {base.Add(8 * time.Second), base.Add(4 * time.Second), base.Add(5 * time.Second)},
 		"a timer that fired late":     {base.Add(8 * time.Second), base.Add(5*time.Second + 300*time.Millisecond), base.Add(5 * time.Second)},
 		"long overdue: now, alone":    {base.Add(8 * time.Second), base.Add(20 * time.Second), base.Add(20 * time.Second)},
