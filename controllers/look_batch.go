@@ -188,7 +188,7 @@ func (l *WeightLoop) answerLooks(ctx context.Context, reqs map[types.NamespacedN
 	for _, group := range byTmpl {
 		wg.Go(func() {
 			parts, of := planLooks(group)
-			got := l.queryParts(ctx, parts, now)
+			got := l.queryParts(ctx, parts, now, false)
 			mu.Lock()
 			defer mu.Unlock()
 			for k, r := range group {

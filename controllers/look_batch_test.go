@@ -142,8 +142,8 @@ func TestLooksOfManyOptimizersAreOneCall(t *testing.T) {
 	// Each runs its first cycle at once (due since the last learning
 	// round), then looks until its next.
 	for stepped := time.Duration(0); stepped < s.Cycle/2; stepped += time.Second {
-		waitFor(t, func() bool { return clk.HasWaiters() })
-		time.Sleep(20 * time.Millisecond) // let every worker reach its timer
+		// Every worker at its timer: none is late for an instant.
+		waitFor(t, func() bool { return clk.Waiters() == len(keys) })
 		clk.Step(time.Second)
 	}
 	time.Sleep(100 * time.Millisecond)

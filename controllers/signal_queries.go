@@ -52,15 +52,16 @@ var errNotRun = errors.New("not run: an earlier query failed")
 
 // queryParts runs parts at now: in as few requests as the source can
 // combine them into, or, from a source that answers one query at a time,
-// one by one, stopping after a failed first one (its answer is what
-// decides whether the others count).
-func (l *WeightLoop) queryParts(ctx context.Context, parts []promsource.Part, now time.Time) []promsource.PartResult {
+// one by one. firstDecides: a cycle's, whose first part (the CPU query)
+// decides whether the others count; such a source then stops after it
+// fails.
+func (l *WeightLoop) queryParts(ctx context.Context, parts []promsource.Part, now time.Time, firstDecides bool) []promsource.PartResult {
 	if ps, ok := l.Source.(PartsSource); ok {
 		return ps.QueryParts(ctx, parts, now)
 	}
 	out := make([]promsource.PartResult, len(parts))
 	for i, p := range parts {
-		if i > 0 && out[0].Err != nil {
+		if firstDecides && i > 0 && out[0].Err != nil {
 			var empty *promsource.EmptyResultError
 			if !errors.As(out[0].Err, &empty) {
 				out[i].Err = errNotRun

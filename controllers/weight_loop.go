@@ -262,7 +262,7 @@ func (l *WeightLoop) look(ctx context.Context, logger logr.Logger, key types.Nam
 			lb := l.looks.join(at, key, lookRequest{tmpl: s.LatencyQuery, target: qt, timeout: s.ProbeInterval}, l.runLookBatch)
 			got, ok := lb.answer(qctx, key)
 			if !ok && ctx.Err() == nil {
-				got.Err = &promsource.UnreachableError{Timeout: true, Err: qctx.Err()}
+				got.Err = &promsource.UnreachableError{URL: "(the looks' batch)", Timeout: true, Err: qctx.Err()}
 			}
 			res = l.optionalAnswer(ctx, logger, tgt, "recent_latency", got.Result, got.Err)
 		}
@@ -336,7 +336,7 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 	for i, q := range qs {
 		parts[i] = q.part
 	}
-	got := l.queryParts(ctx, parts, now)
+	got := l.queryParts(ctx, parts, now, true)
 	cpu, err := got[0].Result, got[0].Err
 	if ctx.Err() != nil {
 		// Stopped (the optimizer was deleted or the manager is stopping):
