@@ -94,6 +94,12 @@ func (b *lookBatches) unexpect(t time.Time, key types.NamespacedName, run func(*
 		return
 	}
 	delete(lb.expected, key)
+	if len(lb.expected) == 0 && len(lb.joined) == 0 {
+		// Every worker withdrew: nothing to run, nothing to keep.
+		delete(b.at, t)
+		b.mu.Unlock()
+		return
+	}
 	ready := b.readyLocked(lb)
 	b.mu.Unlock()
 	if ready {

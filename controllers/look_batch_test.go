@@ -208,3 +208,35 @@ func TestStalledOptimizerDoesNotQuery(t *testing.T) {
 	loop.Poke(key)
 	waitFor(t, func() bool { return calls() > 0 })
 }
+
+// A batch runs once every worker expected at its instant has joined or
+// withdrawn, and is forgotten then, as is one every worker withdrew from.
+func TestLookBatchRunsWhenAllExpectedAreIn(t *testing.T) {
+	var b lookBatches
+	at := time.Unix(1_700_000_000, 0)
+	a, c := types.NamespacedName{Namespace: "ns", Name: "a"}, types.NamespacedName{Namespace: "ns", Name: "c"}
+	ran := make(chan *lookBatch, 2)
+	run := func(lb *lookBatch) { ran <- lb }
+	b.expect(at, a)
+	b.expect(at, c)
+	lb := b.join(at, a, lookRequest{}, run)
+	select {
+	case <-ran:
+		t.Fatal("the batch ran before c joined or withdrew")
+	case <-time.After(50 * time.Millisecond):
+	}
+	b.unexpect(at, c, run)
+	select {
+	case got := <-ran:
+		if got != lb || len(got.joined) != 1 {
+			t.Errorf("ran %+v, want a's batch with a alone", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the batch did not run once c withdrew")
+	}
+	b.expect(at.Add(time.Second), c)
+	b.unexpect(at.Add(time.Second), c, run)
+	if len(b.at) != 0 {
+		t.Errorf("%d batches kept, want none", len(b.at))
+	}
+}
