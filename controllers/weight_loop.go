@@ -32,9 +32,12 @@ type MetricsSource interface {
 
 // WeightLoop recomputes the weights of every optimizer when its policy
 // (internal/policy, kept in the book) says a cycle or a look is due, on the
-// injected clock. Each optimizer has its own goroutine, so a slow metrics
-// backend for one never delays another. A cycle never writes: it records the outcome in the
-// book and wakes the mirror, the only writer of Istio objects and status.
+// injected clock. Each optimizer has its own goroutine and its cycles their
+// own requests, so a slow metrics backend for one never delays another's
+// cycles; the looks due at one instant share requests (look_batch.go),
+// each bounded by the look interval. A cycle never writes: it records the
+// outcome in the book and wakes the mirror, the only writer of Istio
+// objects and status.
 type WeightLoop struct {
 	Source  MetricsSource
 	Book    *WeightBook
