@@ -72,6 +72,12 @@ func (l *WeightLoop) optionalSignal(ctx context.Context, logger logr.Logger, tgt
 		return promsource.Result{}
 	}
 	res, err := l.Source.Query(ctx, tmpl, qt, now)
+	return l.optionalAnswer(ctx, logger, tgt, signal, res, err)
+}
+
+// optionalAnswer is what an optional signal's answer (res, err) leaves the
+// cycle, as optionalSignal documents it.
+func (l *WeightLoop) optionalAnswer(ctx context.Context, logger logr.Logger, tgt target, signal string, res promsource.Result, err error) promsource.Result {
 	if err == nil || ctx.Err() != nil {
 		// Stopped mid-query: the cycle ends without counting (see cycle).
 		return res

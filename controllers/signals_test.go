@@ -43,6 +43,8 @@ type capacityMetrics struct {
 	mu       sync.Mutex
 	released bool
 	capacity map[string]float64
+	// queried counts the queries by Service.
+	queried map[string]int
 }
 
 func (m *capacityMetrics) release() {
@@ -54,6 +56,10 @@ func (m *capacityMetrics) release() {
 func (m *capacityMetrics) Query(_ context.Context, tmpl string, t promsource.Target, _ time.Time) (promsource.Result, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.queried == nil {
+		m.queried = map[string]int{}
+	}
+	m.queried[t.Service]++
 	res := promsource.Result{Values: map[string]float64{}, Query: tmpl}
 	if m.released && (tmpl == m.cpuQuery || tmpl == m.requestQuery && !m.noRequests[t.Service]) {
 		for _, pod := range t.Pods {

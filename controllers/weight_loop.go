@@ -32,9 +32,12 @@ type MetricsSource interface {
 
 // WeightLoop recomputes the weights of every optimizer when its policy
 // (internal/policy, kept in the book) says a cycle or a look is due, on the
-// injected clock. Each optimizer has its own goroutine, so a slow metrics
-// backend for one never delays another. A cycle never writes: it records the outcome in the
-// book and wakes the mirror, the only writer of Istio objects and status.
+// injected clock. Each optimizer has its own goroutine and its cycles their
+// own requests, so a slow metrics backend for one never delays another's
+// cycles; the looks due at one instant share requests (look_batch.go),
+// each bounded by the look interval. A cycle never writes: it records the
+// outcome in the book and wakes the mirror, the only writer of Istio
+// objects and status.
 type WeightLoop struct {
 	Source  MetricsSource
 	Book    *WeightBook
@@ -46,6 +49,8 @@ type WeightLoop struct {
 	mu      sync.Mutex
 	ctx     context.Context
 	workers map[types.NamespacedName]*worker
+	// looks batches the looks due at one instant (look_batch.go).
+	looks lookBatches
 }
 
 type worker struct {
@@ -126,6 +131,12 @@ func (l *WeightLoop) Stop(key types.NamespacedName) {
 		w.cancel()
 		delete(l.workers, key)
 	}
+	if l.Book != nil {
+		// Until the mirror applies endpoints again, a worker started for
+		// the optimizer has nothing to query (a Stalled optimizer is
+		// reconciled, and its worker ensured, at every change).
+		l.Book.Park(key)
+	}
 }
 
 // run is one optimizer's worker: it does what the optimizer's policy has
@@ -134,15 +145,36 @@ func (l *WeightLoop) Stop(key types.NamespacedName) {
 // mirror's poke (the endpoints became known).
 func (l *WeightLoop) run(ctx context.Context, key types.NamespacedName, w *worker) {
 	logger := log.FromContext(ctx).WithValues("controller", weightControllerName, "optimizer", key)
+	// expected is the shared instant this worker said it will look at
+	// (lookBatches.expect), zero when none.
+	var expected time.Time
+	withdraw := func() {
+		if !expected.IsZero() {
+			l.looks.unexpect(expected, key, l.runLookBatch)
+			expected = time.Time{}
+		}
+	}
+	defer withdraw()
 	for ctx.Err() == nil {
 		s, tgt := w.current()
 		now := l.Clock.Now()
 		act, at := l.Book.Next(key, now)
+		if act == policy.Look {
+			// On the instant the looks of every optimizer share.
+			at = lookInstant(at, now, s.ProbeInterval)
+		}
+		if !expected.IsZero() && (act != policy.Look || !at.Equal(expected)) {
+			withdraw()
+		}
 		if act != policy.Wait && !at.After(now) {
 			switch act {
 			case policy.Look:
-				l.probe(ctx, logger, key, tgt, s)
+				// Joining the batch at expected takes the place of the
+				// expectation.
+				expected = time.Time{}
+				l.look(ctx, logger, key, tgt, s, at)
 			case policy.Cycle:
+				l.Metrics.CycleLateness.Observe(now.Sub(at).Seconds())
 				l.cycle(ctx, logger, key, tgt, s)
 			}
 			continue
@@ -150,6 +182,10 @@ func (l *WeightLoop) run(ctx context.Context, key types.NamespacedName, w *worke
 		var fire <-chan time.Time
 		var timer clock.Timer
 		if act != policy.Wait {
+			if act == policy.Look && expected.IsZero() {
+				l.looks.expect(at, key)
+				expected = at
+			}
 			timer = l.Clock.NewTimer(at.Sub(now))
 			fire = timer.C()
 		}
@@ -200,13 +236,39 @@ func (w *worker) poke() {
 // optimizer_query_errors_total{signal="recent_latency"}; the next cycle
 // runs every query and says more.
 func (l *WeightLoop) probe(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings) bool {
-	now := l.Clock.Now()
+	return l.look(ctx, logger, key, tgt, s, time.Time{})
+}
+
+// look is probe at the shared instant at, answered in the batch of every
+// look due then (look_batch.go); at zero: now, alone.
+func (l *WeightLoop) look(ctx context.Context, logger logr.Logger, key types.NamespacedName, tgt target, s Settings, at time.Time) bool {
+	now := at
+	if now.IsZero() {
+		now = l.Clock.Now()
+	}
 	obs := weights.Observation{Time: now, Signals: map[string]weights.Signal{}}
-	if pods := podNames(l.Book.Endpoints(key)); len(pods) > 0 && s.ProbeInterval > 0 && l.Book.LookWanted(key) {
+	pods := podNames(l.Book.Endpoints(key))
+	wanted := len(pods) > 0 && s.ProbeInterval > 0 && s.RecentLatencyWindow > 0 && l.Book.LookWanted(key)
+	if !wanted && !at.IsZero() {
+		// Expected at the instant, but nothing to ask after all.
+		l.looks.unexpect(at, key, l.runLookBatch)
+	}
+	if wanted {
 		qctx, cancel := context.WithTimeout(ctx, s.ProbeInterval)
 		defer cancel()
 		qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods}
-		res := l.recentSignal(qctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
+		var res promsource.Result
+		if at.IsZero() {
+			res = l.recentSignal(qctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
+		} else {
+			qt.Window = s.RecentLatencyWindow
+			lb := l.looks.join(at, key, lookRequest{tmpl: s.LatencyQuery, target: qt, timeout: s.ProbeInterval}, l.runLookBatch)
+			got, ok := lb.answer(qctx, key)
+			if !ok && ctx.Err() == nil {
+				got.Err = &promsource.UnreachableError{URL: "(the looks' batch)", Timeout: true, Err: qctx.Err()}
+			}
+			res = l.optionalAnswer(ctx, logger, tgt, "recent_latency", got.Result, got.Err)
+		}
 		if ctx.Err() != nil {
 			// Stopped: the optimizer may be gone, no series written now.
 			return false
@@ -270,7 +332,15 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 	qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods, Window: s.Params.QueryWindow}
 	obs := weights.Observation{Time: now, Signals: make(map[string]weights.Signal, len(pods))}
 
-	cpu, err := l.Source.Query(ctx, s.CPUQuery, qt, now)
+	// One request for every signal where the source can combine them:
+	// the cycle's load on the backend does not grow with its signals.
+	qs := cycleQueries(s, qt)
+	parts := make([]promsource.Part, len(qs))
+	for i, q := range qs {
+		parts[i] = q.part
+	}
+	got := l.queryParts(ctx, parts, now, true)
+	cpu, err := got[0].Result, got[0].Err
 	if ctx.Err() != nil {
 		// Stopped (the optimizer was deleted or the manager is stopping):
 		// nothing to count, and a series written now would outlive the
@@ -295,15 +365,11 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 	}
 	a := answers{cpu: cpu}
 	if obs.Err == nil {
-		a.requests = l.optionalSignal(ctx, logger, tgt, "requests", s.RequestQuery, qt, now)
-		a.latency = l.optionalSignal(ctx, logger, tgt, "latency", s.LatencyQuery, qt, now)
-		a.nodeCPU = l.optionalSignal(ctx, logger, tgt, "node_cpu", s.NodeCPUQuery, qt, now)
-		// The CPU and latency queries again, over the last two scrape
-		// intervals. From the recent latency the engine learns how it
-		// usually differs from the window's, which Alarm needs between
-		// cycles.
-		a.recentCPU = l.recentSignal(ctx, logger, tgt, "recent_cpu", s.CPUQuery, qt, s.RecentCPUWindow, now)
-		a.recentLatency = l.recentSignal(ctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
+		// Without CPU the cycle uses none of the others: they count
+		// nothing either.
+		for i := 1; i < len(qs); i++ {
+			a.set(qs[i].signal, l.optionalAnswer(ctx, logger, tgt, qs[i].signal, got[i].Result, got[i].Err))
+		}
 	}
 	// Series that were dropped (duplicates, NaN, no pod label, warnings)
 	// do not fail the cycle, but the user must hear why a pod has no data.

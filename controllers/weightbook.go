@@ -40,6 +40,8 @@ type bookEntry struct {
 	// liveBalancer is the live DestinationRule's load balancer ("" when
 	// none) until the policy is seeded.
 	liveBalancer weights.Balancer
+	// parked: nothing is due until the next Applied (see Park).
+	parked bool
 }
 
 // Outcome is the result of the last weight cycle, for status and metrics.
@@ -166,6 +168,7 @@ func (b *WeightBook) Applied(key types.NamespacedName, p weights.Params, now tim
 	}
 	// A new slice each time, so callers may keep the one they got.
 	e.endpoints = append([]desired.Endpoint(nil), eps...)
+	e.parked = false
 }
 
 // Next is what the optimizer's policy has due next and when (policy.Wait
@@ -174,7 +177,7 @@ func (b *WeightBook) Next(key types.NamespacedName, now time.Time) (policy.Actio
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.entries[key]
-	if e == nil || len(e.endpoints) == 0 {
+	if e == nil || len(e.endpoints) == 0 || e.parked {
 		return policy.Wait, time.Time{}
 	}
 	return e.policy.Next(now)

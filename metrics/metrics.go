@@ -29,6 +29,10 @@ type Metrics struct {
 	SignalAvailable  *prometheus.GaugeVec
 	TrafficCoverage  *prometheus.GaugeVec
 	InvalidObjects   *prometheus.GaugeVec
+	// CycleLateness is how late each weight cycle started after its
+	// policy made it due: the weight loop's backlog (a metrics backend
+	// too slow for the queries, or a manager short of CPU).
+	CycleLateness prometheus.Histogram
 
 	// pods holds the per-pod series (see podseries.go).
 	pods *podStore
@@ -53,6 +57,13 @@ func New() *Metrics {
 		EndpointWeight: newPodFamily(pods, "endpoint_weight",
 			"Weight of a ServiceEntry endpoint as computed by the optimizer (applied unless dry run).",
 			true, func(r *podRecord) float64 { return float64(r.weight) }),
+		CycleLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "optimizer_cycle_lateness_seconds",
+			Help: "Seconds each weight cycle started after it was due.",
+			// From a scheduler's wake-up (milliseconds) to a whole
+			// default cycle (30 s): the cycles have fallen a cycle behind.
+			Buckets: []float64{0.005, 0.025, 0.1, 0.5, 1, 2.5, 5, 10, 30},
+		}),
 		ReconcilerErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "reconciler_errors",
 			Help: "Errors in the reconcilers, by controller and error type.",
@@ -158,7 +169,7 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
 		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode,
 		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors, m.SignalAvailable, m.TrafficCoverage,
-		m.InvalidObjects,
+		m.InvalidObjects, m.CycleLateness,
 	}
 }
 

@@ -83,6 +83,9 @@ type Source struct {
 	url       string // redacted, for errors
 
 	templates sync.Map // template text -> *template.Template
+	// alone holds the templates that broke a combined query (see
+	// QueryParts), which are sent on their own from then on.
+	alone alone
 }
 
 // New validates cfg and returns a Source. It sends no request.
@@ -245,6 +248,13 @@ func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time
 		res.Warnings = append(res.Warnings, a.warnings...)
 		vec = append(vec, a.vec...)
 	}
+	return finish(res, vec, t.Pods, firstErr)
+}
+
+// finish turns the series answered for pods (all the requests of one query,
+// merged) into the query's Result, as Query documents it: firstErr is the
+// first request's failure, if any.
+func finish(res Result, vec model.Vector, pods []string, firstErr error) (Result, error) {
 	if len(res.Warnings) > 0 {
 		res.Issues = append(res.Issues, &WarningsError{Warnings: res.Warnings})
 	}
@@ -255,14 +265,14 @@ func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time
 		return res, &EmptyResultError{Query: res.Query}
 	}
 
-	values, issues := perPod(vec, t.Pods)
+	values, issues := perPod(vec, pods)
 	res.Issues = append(res.Issues, issues...)
 	if len(values) == 0 {
 		return res, &EmptyResultError{Query: res.Query, Series: len(vec)}
 	}
 	res.Values = values
-	seen := make(map[string]bool, len(t.Pods))
-	for _, p := range t.Pods {
+	seen := make(map[string]bool, len(pods))
+	for _, p := range pods {
 		if _, ok := values[p]; !ok && !seen[p] {
 			res.Missing = append(res.Missing, p)
 		}
@@ -276,6 +286,9 @@ type answer struct {
 	vec      model.Vector
 	warnings []string
 	err      error
+	// byPiece: a combined request that failed, sent again piece by piece
+	// (see QueryParts); each piece's own answer.
+	byPiece []answer
 }
 
 // send runs one instant query. A vector without series is not an error here:

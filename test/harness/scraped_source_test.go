@@ -20,6 +20,12 @@ import (
 // and returns a promsource reading that Prometheus once the target is up.
 func scrapedSource(t *testing.T, reg prometheus.Gatherer, scrape time.Duration, run func(ctx context.Context)) *promsource.Source {
 	t.Helper()
+	return sourceFor(t, scrapedURL(t, reg, scrape, run), 0)
+}
+
+// scrapedURL starts what scrapedSource does and returns Prometheus's URL.
+func scrapedURL(t *testing.T, reg prometheus.Gatherer, scrape time.Duration, run func(ctx context.Context)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +46,13 @@ func scrapedSource(t *testing.T, reg prometheus.Gatherer, scrape time.Duration, 
 	if err := prom.WaitForTargets(wctx, []string{addr}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := promsource.New(promsource.Config{URL: prom.URL, Timeout: 5 * time.Second})
+	return prom.URL
+}
+
+// sourceFor is a source on url with a query length limit (0: the default).
+func sourceFor(t *testing.T, url string, maxQuery int) *promsource.Source {
+	t.Helper()
+	src, err := promsource.New(promsource.Config{URL: url, Timeout: 5 * time.Second, MaxQueryLength: maxQuery})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/liorfranko/istio-adaptive-least-request/internal/promsource"
 	. "github.com/liorfranko/istio-adaptive-least-request/test/fixtures"
 	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
@@ -119,20 +120,31 @@ func (n *queryCounts) schedule() (meanGap time.Duration, looksPerCycle float64, 
 
 // cpuBackend answers every query with 0.5 cores for each pod it names,
 // whatever the template, like a Prometheus with every pod scraped, and
-// counts them in n.
+// counts them in n. A combined query (several parts, each wrapped in
+// label_replace with its index in promsource.PartLabel and joined by "or",
+// as the manager sends a cycle's signals and the looks of one instant) is
+// answered part by part, each series carrying its part's label.
 func cpuBackend(n *queryCounts) http.HandlerFunc {
 	pods := regexp.MustCompile(`pod=~"([^"]*)"`)
+	part := regexp.MustCompile(`, "` + promsource.PartLabel + `", "(\d+)", "", ""\)$`)
 	return func(w http.ResponseWriter, r *http.Request) {
 		_ = r.ParseForm()
 		q := r.Form.Get("query")
 		n.all.Add(1)
-		n.note(q)
-		m := pods.FindStringSubmatch(q)
 		var items []string
-		if m != nil {
+		for _, pq := range strings.Split(q, "\nor\n") {
+			n.note(pq)
+			label := ""
+			if m := part.FindStringSubmatch(pq); m != nil {
+				label = fmt.Sprintf(`,%q:%q`, promsource.PartLabel, m[1])
+			}
+			m := pods.FindStringSubmatch(pq)
+			if m == nil {
+				continue
+			}
 			for _, p := range strings.Split(m[1], "|") {
 				p = strings.ReplaceAll(p, `\\.`, ".")
-				items = append(items, fmt.Sprintf(`{"metric":{"pod":%q},"value":[%d,"0.5"]}`, p, time.Now().Unix()))
+				items = append(items, fmt.Sprintf(`{"metric":{"pod":%q%s},"value":[%d,"0.5"]}`, p, label, time.Now().Unix()))
 			}
 		}
 		w.Header().Set("Content-Type", "application/json")
