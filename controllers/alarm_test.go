@@ -279,9 +279,9 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 // Between two cycles the running worker looks every look interval, on the
 // injected clock, and no look starts within one interval of the cycle (the
 // policy's timing, internal/policy): the looks after a cycle come one
-// scrape interval (15 s) apart and the last at least one interval before
-// the next cycle, which comes a cycle after the last, give or take half a
-// scrape interval.
+// scrape interval (15 s) apart on the interval's multiples, and the last at
+// least one interval before the next cycle, which comes a cycle after the
+// last, give or take half a scrape interval.
 func TestLooksKeepClearOfTheCycle(t *testing.T) {
 	clk, loop, src, key, s, wake := runningLoop(t)
 	interval := s.ProbeInterval
@@ -304,27 +304,28 @@ func TestLooksKeepClearOfTheCycle(t *testing.T) {
 	next := loop.Book.Outcome(key).Time
 	src.mu.Lock()
 	defer src.mu.Unlock()
-	var looks []time.Duration
+	var looks []time.Time
 	for _, at := range src.recentAt {
 		if at.Before(next) {
-			looks = append(looks, at.Sub(cycleAt))
+			looks = append(looks, at)
 		}
 	}
-	if want := int((next.Sub(cycleAt) - interval) / interval); len(looks) != want {
-		t.Fatalf("looks at %v after the cycle, the next at %v: want %d", looks, next.Sub(cycleAt), want)
+	// Looks fall on the interval's multiples on the clock (shared by all
+	// optimizers), one interval apart, the first within one interval of
+	// the cycle, none within one interval of the next.
+	first := cycleAt.Add(interval).Truncate(interval)
+	var want []time.Time
+	for at := first; !at.Add(interval).After(next); at = at.Add(interval) {
+		want = append(want, at)
 	}
-	for i, l := range looks {
-		if l != time.Duration(i+1)*interval {
-			t.Errorf("looks at %v after the cycle, want every %v", looks, interval)
+	if len(looks) != len(want) {
+		t.Fatalf("looks at %v, want at %v (cycles at %v and %v)", looks, want, cycleAt, next)
+	}
+	for i := range looks {
+		if !looks[i].Equal(want[i]) {
+			t.Errorf("looks at %v, want at %v", looks, want)
 			break
 		}
-	}
-	last := time.Duration(0)
-	if len(looks) > 0 {
-		last = looks[len(looks)-1]
-	}
-	if gap := next.Sub(cycleAt) - last; gap < interval {
-		t.Errorf("the last look %v before the cycle, want at least %v", gap, interval)
 	}
 	if d := next.Sub(cycleAt); d < s.Cycle-7500*time.Millisecond || d > s.Cycle+7500*time.Millisecond+time.Second {
 		t.Errorf("the next cycle %v after the last, want the cycle %v give or take half a scrape interval", d, s.Cycle)

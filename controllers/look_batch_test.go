@@ -132,6 +132,9 @@ func TestLooksOfManyOptimizersAreOneCall(t *testing.T) {
 		keys = append(keys, types.NamespacedName{Namespace: []string{"shop", "blog"}[i%2], Name: fmt.Sprintf("svc%d", i)})
 	}
 	loop, src, s := learnedFleet(t, clk, keys)
+	// A minute's cycle: every optimizer looks at least twice between two
+	// cycles, whatever its jitter (half a scrape interval either way).
+	s.Cycle = time.Minute
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = loop.Start(ctx) }()

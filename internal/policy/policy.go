@@ -13,7 +13,8 @@
 //     every Config.Cycle, give or take half a scrape interval of jitter,
 //     counted from the last cycle of either kind. Between cycles, while a look is wanted
 //     (ROUND_ROBIN is live on learned weights, so nothing steers around a
-//     queue), a look at the recent latency every Config.LookInterval; an
+//     queue), a look at the recent latency every Config.LookInterval, on
+//     the interval's multiples on the clock (shared by all optimizers); an
 //     alarm at a look (weights.Engine.Alarm) makes the next cycle due at
 //     once. No look starts within one look interval of the regular cycle.
 //   - Seeding. At a first opt-in the pods carried equal traffic under
@@ -299,7 +300,14 @@ func (p *Policy) Next(now time.Time) (Action, time.Time) {
 		return Cycle, now
 	}
 	if p.lookWanted() {
-		look := p.lastLook.Add(p.cfg.LookInterval)
+		// Looks fall on the multiples of the look interval on the clock,
+		// so that the looks of many optimizers share instants (the
+		// operator answers one instant's looks with one request): the
+		// multiple at or before one interval after the last look.
+		look := p.lastLook.Add(p.cfg.LookInterval).Truncate(p.cfg.LookInterval)
+		if !look.After(p.lastLook) {
+			look = look.Add(p.cfg.LookInterval)
+		}
 		// A look leaves at least one interval before the cycle, so an
 		// alarm's cycle does not run just before the regular one.
 		if !look.Add(p.cfg.LookInterval).After(p.nextCycle) {
