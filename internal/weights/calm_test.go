@@ -201,43 +201,58 @@ func TestRestartWritesNothingWhateverTheQueries(t *testing.T) {
 }
 
 // A partial answer moves no weight of a pod without data, says which pods
-// lacked it, and moves the others only as far as their own data shows.
+// lacked it, and moves the others only as far as their own data shows:
+// with the pods' cores known, and with nothing known of any pod's cores
+// (no limit, request or node size), where the load cannot be related to
+// the capacity and the solver gives capacity shares.
 func TestPartialAnswer(t *testing.T) {
-	s := newService(t, true, 0.7, 0)
-	s.converge(60)
-	before := maps.Clone(s.live)
-	s.now = s.now.Add(30 * time.Second)
-	obs := s.observe(1)
-	for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
-		delete(obs.Signals, name)
-	}
-	res := s.apply(s.e.Update(s.pods, obs))
-	r, ok := Has(res.Reasons, ReasonPartialData)
-	if !ok || fmt.Sprint(r.Pods) != "[pod-0 pod-2 pod-4]" {
-		t.Fatalf("reasons %+v: want PartialData for pod-0, pod-2, pod-4", res.Reasons)
-	}
-	if res.Changed {
-		t.Errorf("the pods with data are as before, yet weights moved: %v -> %v (%s)", before, res.Weights, res.Message)
-	}
-
-	// Now one pod with data slows to half its speed: it moves, the pods
-	// without data keep their exact weights.
-	s.speed[1] /= 2
-	for range 4 {
-		s.now = s.now.Add(30 * time.Second)
-		obs := s.observe(1)
-		for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
-			delete(obs.Signals, name)
-		}
-		res = s.apply(s.e.Update(s.pods, obs))
-		for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
-			if res.Weights[name] != before[name] {
-				t.Fatalf("%s had no data, yet its weight moved %d -> %d (%s)", name, before[name], res.Weights[name], res.Message)
+	for _, coresKnown := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cores known %v", coresKnown), func(t *testing.T) {
+			s := newService(t, coresKnown, 0.7, 0)
+			if !coresKnown {
+				for i := range s.pods {
+					s.pods[i].CPURequest, s.pods[i].NodeCores = 0, 0
+				}
+				s.off["latency"], s.off["node"] = true, true
 			}
-		}
-	}
-	if s.live["pod-1"] >= before["pod-1"] {
-		t.Errorf("pod-1 slowed to half, weight %d -> %d", before["pod-1"], s.live["pod-1"])
+			s.converge(60)
+			before := maps.Clone(s.live)
+			s.now = s.now.Add(30 * time.Second)
+			obs := s.observe(1)
+			for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
+				delete(obs.Signals, name)
+			}
+			res := s.apply(s.e.Update(s.pods, obs))
+			r, ok := Has(res.Reasons, ReasonPartialData)
+			if !ok || fmt.Sprint(r.Pods) != "[pod-0 pod-2 pod-4]" {
+				t.Fatalf("reasons %+v: want PartialData for pod-0, pod-2, pod-4", res.Reasons)
+			}
+			for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
+				if res.Weights[name] != before[name] {
+					t.Fatalf("%s had no data, yet its weight moved %d -> %d (%s)", name, before[name], res.Weights[name], res.Message)
+				}
+			}
+
+			// Now one pod with data slows to half its speed: it moves, the
+			// pods without data keep their exact weights.
+			s.speed[1] /= 2
+			for range 4 {
+				s.now = s.now.Add(30 * time.Second)
+				obs := s.observe(1)
+				for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
+					delete(obs.Signals, name)
+				}
+				res = s.apply(s.e.Update(s.pods, obs))
+				for _, name := range []string{"pod-0", "pod-2", "pod-4"} {
+					if res.Weights[name] != before[name] {
+						t.Fatalf("%s had no data, yet its weight moved %d -> %d (%s)", name, before[name], res.Weights[name], res.Message)
+					}
+				}
+			}
+			if s.live["pod-1"] >= before["pod-1"] {
+				t.Errorf("pod-1 slowed to half, weight %d -> %d", before["pod-1"], s.live["pod-1"])
+			}
+		})
 	}
 }
 

@@ -90,8 +90,31 @@ func solve(pods []decidePod, load float64) []float64 {
 	if len(open) == 0 {
 		return x
 	}
+	if !(load > 0) || math.IsInf(load, 0) {
+		// Unknown load: capacity shares of what the fixed pods leave,
+		// their x being shares of the total.
+		fixedShare := 0.0
+		for i, p := range pods {
+			if p.fixed {
+				fixedShare += p.x
+				x[i] = p.x
+			}
+		}
+		sum := 0.0
+		for _, i := range open {
+			x[i] = min(pods[i].c*pods[i].v, pods[i].upper)
+			sum += x[i]
+		}
+		if sum > 0 && fixedShare > 0 && fixedShare < 1 {
+			for _, i := range open {
+				x[i] *= (1 - fixedShare) / sum
+			}
+		}
+		return x
+	}
 	if !(free > 0) || math.IsInf(free, 0) {
-		// Unknown or no load: capacity shares, of a nominal total.
+		// No load left for the free pods: capacity shares, of a nominal
+		// total.
 		for _, i := range open {
 			x[i] = min(pods[i].c*pods[i].v, pods[i].upper)
 		}

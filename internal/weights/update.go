@@ -186,8 +186,13 @@ func (e *Engine) decidePods(set []Pod, models []podModel, c cycleReadings, refSh
 		m := models[i]
 		d := decidePod{c: m.c, v: m.v, upper: math.Inf(1)}
 		r := c.pods[i]
-		if !r.hasCPU && refShares[i] > 0 && load > 0 {
-			d.fixed, d.x = true, refShares[i]*load
+		if !r.hasCPU && refShares[i] > 0 {
+			// Its traffic as it is: in units of work at a known load, as
+			// a share of the total where the load is unknown (see solve).
+			d.fixed, d.x = true, refShares[i]
+			if load > 0 {
+				d.x *= load
+			}
 		}
 		st := e.pods[pod.Name]
 		// With request rates a backlog is measured; with CPU alone being
