@@ -24,15 +24,11 @@ const (
 // are few and even. Templates are opaque: whatever uses .Pods, and however
 // often, each chunk's query is checked by rendering it.
 func (s *Source) renderChunks(tmpl string, t Target) ([]string, error) {
-	v, ok := s.templates.Load(tmpl)
-	if !ok {
-		p, err := parseTemplate(tmpl)
-		if err != nil {
-			return nil, err
-		}
-		v, _ = s.templates.LoadOrStore(tmpl, p)
+	parsed, err := s.parsed(tmpl)
+	if err != nil {
+		return nil, err
 	}
-	return chunkQueries(v.(*template.Template), tmpl, t, s.maxQuery)
+	return chunkQueries(parsed, tmpl, t, s.maxQuery)
 }
 
 // ChunkQueries renders tmpl for t as Source.Query would send it, with queries
