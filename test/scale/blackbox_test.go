@@ -44,7 +44,8 @@ const reconcileTarget = 50 * time.Millisecond
 // cycles cause, and the histogram's rise over that window gives the p99.
 // With SCALE=full (make scale): one Service of 4000 pods, and 200 Services
 // of 50 pods; SCALE_CASE=1x4000 or 200x50 runs one of them.
-// SCALE_PROFILE_DIR saves a CPU profile of the manager over the window.
+// SCALE_PROFILE_DIR saves the manager's CPU, block and mutex profiles and
+// an execution trace over the window (fetchProfiles).
 func TestMirrorReconcileTimeBlackBox(t *testing.T) {
 	type scenario struct {
 		name           string
@@ -174,7 +175,7 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 	metricsAddr, probeAddr, pprofAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	cmd := exec.Command(bin, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address", probeAddr, "--prometheus-url", backend.URL,
-		"--default-request-query", "-", "--leader-elect=false", "--pprof-bind-address", pprofAddr)
+		"--default-request-query", "-", "--leader-elect=false", "--pprof-bind-address", pprofAddr, "--pprof-contention")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+api.Kubeconfig)
 	logFile, err := os.Create(filepath.Join(t.TempDir(), "manager.log"))
 	if err != nil {
@@ -225,19 +226,9 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 	beforeText := scrape(t, metricsAddr)
 	before := reconcileHistogram(beforeText)
 	window := time.Minute
-	var profile chan []byte
+	var profiles chan savedProfile
 	if dir := os.Getenv("SCALE_PROFILE_DIR"); dir != "" {
-		profile = make(chan []byte, 1)
-		go func() {
-			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", pprofAddr, int(window.Seconds())-5))
-			if err != nil {
-				profile <- nil
-				return
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			profile <- b
-		}()
+		profiles = fetchProfiles(pprofAddr, window-5*time.Second)
 	}
 	// Touch the Services round robin, about 8 a second, so each reconcile
 	// finds an unchanged Service (what most reconciles of a steady cluster
@@ -260,11 +251,16 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 	}
 	text := scrape(t, metricsAddr)
 	after := reconcileHistogram(text)
-	if profile != nil {
-		if b := <-profile; len(b) > 0 {
-			path := filepath.Join(os.Getenv("SCALE_PROFILE_DIR"), fmt.Sprintf("cpu-%dx%d.pprof", services, pods))
-			if err := os.WriteFile(path, b, 0o644); err == nil {
-				t.Logf("CPU profile: go tool pprof -top %s", path)
+	if profiles != nil {
+		for range len(profileKinds) {
+			p := <-profiles
+			if p.err != nil {
+				t.Logf("%s profile: %v", p.kind, p.err)
+				continue
+			}
+			path := filepath.Join(os.Getenv("SCALE_PROFILE_DIR"), fmt.Sprintf("%s-%dx%d.pprof", p.kind, services, pods))
+			if err := os.WriteFile(path, p.data, 0o644); err == nil {
+				t.Logf("%s profile: go tool pprof -top %s", p.kind, path)
 			}
 		}
 	}
@@ -280,6 +276,52 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 		f.load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	return f
+}
+
+// profileKinds are the manager's pprof endpoints read over the window: the
+// CPU profile (the work), the block and mutex profiles (where goroutines
+// waited: --pprof-contention) and an execution trace of its first part
+// (`go tool trace -pprof=sched` gives the time runnable goroutines waited
+// for a core, `-pprof=sync` and `-pprof=net` the other waits).
+var profileKinds = []string{"cpu", "block", "mutex", "trace"}
+
+type savedProfile struct {
+	kind string
+	data []byte
+	err  error
+}
+
+// fetchProfiles reads every profile kind at once over d (the trace over at
+// most 15 s, as it records every scheduling event) and sends each on the
+// channel it returns.
+func fetchProfiles(addr string, d time.Duration) chan savedProfile {
+	out := make(chan savedProfile, len(profileKinds))
+	for _, kind := range profileKinds {
+		secs := int(d.Seconds())
+		path := kind
+		switch kind {
+		case "cpu":
+			path = "profile"
+		case "trace":
+			secs = min(secs, 15)
+		}
+		go func() {
+			p := savedProfile{kind: kind}
+			defer func() { out <- p }()
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, path, secs))
+			if err != nil {
+				p.err = err
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				p.err = fmt.Errorf("status %s", resp.Status)
+				return
+			}
+			p.data, p.err = io.ReadAll(resp.Body)
+		}()
+	}
+	return out
 }
 
 // histogram is a Prometheus histogram: cumulative counts by upper bound.
