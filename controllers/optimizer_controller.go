@@ -74,7 +74,8 @@ type MirrorReconciler struct {
 	// GatewayAPI: the Gateway API route kinds the cluster serves.
 	GatewayAPI GatewayAPI
 
-	memo weightsMemo // the engine's last weights per optimizer (weightsmemo.go)
+	memo   weightsMemo        // the engine's last weights per optimizer (weightsmemo.go)
+	liveSE liveServiceEntries // the live ServiceEntry per optimizer (liveserviceentry.go)
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
@@ -94,6 +95,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 			r.Loop.Stop(req.NamespacedName)
 			r.Weights.Forget(req.NamespacedName)
 			r.memo.forget(req.NamespacedName)
+			r.liveSE.forget(req.NamespacedName)
 			r.Metrics.ForgetOptimizer(req.Namespace, req.Name)
 			return ctrl.Result{}, nil
 		}
@@ -388,11 +390,8 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 
 	name := types.NamespacedName{Namespace: ns, Name: desired.ObjectName(opt.Spec.ServiceName)}
 	var err error
-	// A deep copy, although it costs a tenth of a reconcile at 4000
-	// endpoints (docs/scale.md): an Istio object holds protobuf messages
-	// whose lazily set internal state a concurrent DeepCopy or proto.Equal
-	// writes, so the cache's own copy cannot be shared between reconciles.
-	if live.se, err = getOptional(ctx, r.Client, name, &istionet.ServiceEntry{}); err != nil {
+	// A deep copy made once per version of the object (liveserviceentry.go).
+	if live.se, in.LiveWeights, err = r.liveSE.get(ctx, r.Client, client.ObjectKeyFromObject(opt), name); err != nil {
 		return in, live, err
 	}
 	if live.dr, err = getOptional(ctx, r.Client, name, &istionet.DestinationRule{}); err != nil {
@@ -401,7 +400,6 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 	if live.vs, err = getOptional(ctx, r.Client, name, &istionet.VirtualService{}); err != nil {
 		return in, live, err
 	}
-	in.LiveWeights = desired.LiveWeights(live.se)
 	if in.Mesh, err = r.readMesh(ctx, ns); err != nil {
 		return in, live, err
 	}
@@ -542,6 +540,7 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 	r.Loop.Stop(key)
 	r.Weights.Forget(key)
 	r.memo.forget(key)
+	r.liveSE.forget(key)
 	r.Metrics.ForgetOptimizer(key.Namespace, key.Name)
 	if owned {
 		// Only the optimizer that owned the objects publishes the Service's
