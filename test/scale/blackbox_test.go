@@ -44,8 +44,8 @@ const reconcileTarget = 50 * time.Millisecond
 // cycles cause, and the histogram's rise over that window gives the p99.
 // With SCALE=full (make scale): one Service of 4000 pods, and 200 Services
 // of 50 pods; SCALE_CASE=1x4000 or 200x50 runs one of them.
-// SCALE_PROFILE_DIR saves the manager's CPU, block and mutex profiles and
-// an execution trace over the window (fetchProfiles).
+// SCALE_PROFILE_DIR saves the manager's log, its CPU, allocation, block and
+// mutex profiles and an execution trace over the window (fetchProfiles).
 func TestMirrorReconcileTimeBlackBox(t *testing.T) {
 	type scenario struct {
 		name           string
@@ -75,6 +75,7 @@ func TestMirrorReconcileTimeBlackBox(t *testing.T) {
 			t.Logf("%s: %d reconciles in the window, p50 %v, p99 %v, mean %v, %.1f%% within %v, manager CPU %v per reconcile (load average %s); since start-up %d reconciles, p99 %v",
 				sc.name, p.window.count, p.window.quantile(0.5).Round(100*time.Microsecond), p.window.quantile(0.99).Round(100*time.Microsecond), p.window.mean(),
 				100*p.window.within(reconcileTarget.Seconds()), reconcileTarget, p.cpuPerReconcile, p.load, p.all.count, p.all.quantile(0.99).Round(100*time.Microsecond))
+			t.Logf("%s: API requests in the window by method: %v", sc.name, p.writes)
 			if p.window.count < 100 {
 				t.Errorf("only %d reconciles measured; too few for a p99", p.window.count)
 			}
@@ -93,6 +94,11 @@ type blackBoxFigures struct {
 	// that, unlike wall-clock times, does not grow with the machine's load.
 	cpuPerReconcile time.Duration
 	load            string // /proc/loadavg at the end of the window
+	// writes are the manager's requests to the API server over the window
+	// by method (rest_client_requests_total): PATCH (server-side applies,
+	// the finalizer, the learned state), PUT (status), POST (events). A
+	// reconcile that writes waits for the API server's answer.
+	writes map[string]int
 }
 
 func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigures {
@@ -177,7 +183,11 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 		"--health-probe-bind-address", probeAddr, "--prometheus-url", backend.URL,
 		"--default-request-query", "-", "--leader-elect=false", "--pprof-bind-address", pprofAddr, "--pprof-contention")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+api.Kubeconfig)
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "manager.log"))
+	logDir := t.TempDir()
+	if dir := os.Getenv("SCALE_PROFILE_DIR"); dir != "" {
+		logDir = dir // kept beside the profiles
+	}
+	logFile, err := os.Create(filepath.Join(logDir, fmt.Sprintf("manager-%dx%d.log", services, pods)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,6 +282,11 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 		cpu := sumMetric(text, "process_cpu_seconds_total") - sumMetric(beforeText, "process_cpu_seconds_total")
 		f.cpuPerReconcile = time.Duration(cpu / float64(n) * float64(time.Second)).Round(100 * time.Microsecond)
 	}
+	f.writes = map[string]int{}
+	for _, m := range []string{"PATCH", "PUT", "POST", "DELETE"} {
+		label := `method="` + m + `"`
+		f.writes[m] = int(sumMetricWith(text, "rest_client_requests_total", label) - sumMetricWith(beforeText, "rest_client_requests_total", label))
+	}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		f.load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
@@ -279,11 +294,12 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 }
 
 // profileKinds are the manager's pprof endpoints read over the window: the
-// CPU profile (the work), the block and mutex profiles (where goroutines
+// CPU profile (the work), what was allocated (the garbage collector's
+// work: go tool pprof -sample_index=alloc_space), the block and mutex profiles (where goroutines
 // waited: --pprof-contention) and an execution trace of its first part
 // (`go tool trace -pprof=sched` gives the time runnable goroutines waited
 // for a core, `-pprof=sync` and `-pprof=net` the other waits).
-var profileKinds = []string{"cpu", "block", "mutex", "trace"}
+var profileKinds = []string{"cpu", "allocs", "block", "mutex", "trace"}
 
 type savedProfile struct {
 	kind string
