@@ -18,6 +18,14 @@ import (
 // cache answers alike.
 const indexObjectName = "metadata.name"
 
+// keepCopyEndpoints is the size from which a ServiceEntry's copy is kept;
+// smaller ones are copied at each reconcile. A kept copy costs about 0.85 KiB an endpoint for as long as the optimizer
+// lives, as much as the cache's own object; keeping every one at 200
+// optimizers x 50 pods was 8.5 MiB of a 57 MiB heap, while copying 50
+// endpoints takes about 50 µs. From 1000 endpoints a copy takes a
+// millisecond or more of every reconcile.
+const keepCopyEndpoints = 1000
+
 // liveServiceEntries keeps, per optimizer whose ServiceEntry has at least
 // keepCopyEndpoints endpoints, a private deep copy of it and the weights
 // read from it, for as long as the cache holds the same version of the
@@ -34,14 +42,6 @@ const indexObjectName = "metadata.name"
 // copy) and only its metadata is read; the spec is read from a copy made
 // by the object's own DeepCopy, as a deep-copying Get would, and each copy
 // belongs to one optimizer, whose reconciles never run at once.
-// keepCopyEndpoints: smaller ServiceEntries are copied at each reconcile.
-// A kept copy costs about 0.85 KiB an endpoint for as long as the optimizer
-// lives, as much as the cache's own object; keeping every one at 200
-// optimizers x 50 pods was 8.5 MiB of a 57 MiB heap, while copying 50
-// endpoints takes about 50 µs. From 1000 endpoints a copy takes a
-// millisecond or more of every reconcile.
-const keepCopyEndpoints = 1000
-
 type liveServiceEntries struct {
 	mu      sync.Mutex
 	entries map[types.NamespacedName]liveServiceEntry // by optimizer
