@@ -167,8 +167,8 @@ func podInfoTransform(obj any) (any, error) {
 }
 
 // internedPodMaps holds the label and annotation maps of rebuilt pods, one
-// per value: rebuilding 4000 pods' maps at every reconcile was a tenth of
-// its CPU, with the garbage they left.
+// per value: building them for 4000 pods at every reconcile was 8000
+// allocations and 1.3 MB (BenchmarkPodsFromCache4000).
 var internedPodMaps interned[map[string]string]
 
 func newPodInfo(pod *corev1.Pod) *podInfo {

@@ -9,8 +9,8 @@ import (
 // podSlabs hands each reconcile the Pods it reads from the pod cache, and
 // takes them back when it ends, so the next reconcile rebuilds its Pods in
 // the same memory. A Pod is 1.2 KiB however little of it is set: at 4000
-// pods the rebuilt Pods were 7 MB a reconcile, half of what a reconcile
-// allocated and so half of the garbage collector's work, whose assists and
+// pods the rebuilt Pods were 7 MB a reconcile, nearly half of what it
+// allocated and so of the garbage collector's work, whose assists and
 // background marking slowed the reconciles themselves (docs/scale.md).
 //
 // Safe because nothing keeps a read Pod past its reconcile: desired.Compute
