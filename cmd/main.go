@@ -63,6 +63,7 @@ type options struct {
 	metricsCertKey    string
 	probeAddr         string
 	pprofAddr         string
+	pprofContention   bool
 	leaderElect       bool
 	leaderElectionNS  string
 	watchNamespaces   string
@@ -96,6 +97,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (*options, *zap.Options, error)
 	fs.StringVar(&o.metricsCertKey, "metrics-cert-key", "tls.key", "File name of the metrics key in --metrics-cert-path.")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "Address of the health and readiness probes.")
 	fs.StringVar(&o.pprofAddr, "pprof-bind-address", "", "Address of Go's pprof endpoints (/debug/pprof/), for profiling memory or CPU; empty or 0 disables them. Unauthenticated: bind it to localhost.")
+	fs.BoolVar(&o.pprofContention, "pprof-contention", false, "Also record where goroutines wait on locks and channels (/debug/pprof/block and /debug/pprof/mutex, with --pprof-bind-address); costs a little CPU at each contended wait.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader so that only one replica writes (outside a cluster give --leader-election-namespace, or --leader-elect=false for a single local run).")
 	fs.StringVar(&o.leaderElectionNS, "leader-election-namespace", "", "Namespace of the leader election lease (default: the manager's own).")
 	fs.StringVar(&o.watchNamespaces, "watch-namespaces", "", "Comma-separated namespaces to watch; empty watches the whole cluster.")
@@ -144,6 +146,9 @@ func run() error {
 			return nil
 		}
 		return err
+	}
+	if o.pprofContention {
+		enableContentionProfiles()
 	}
 	zl := zap.NewRaw(zap.UseFlagOptions(zo))
 	logger := zapr.NewLogger(zl)

@@ -74,7 +74,9 @@ type MirrorReconciler struct {
 	// GatewayAPI: the Gateway API route kinds the cluster serves.
 	GatewayAPI GatewayAPI
 
-	memo weightsMemo // the engine's last weights per optimizer (weightsmemo.go)
+	memo     weightsMemo        // the engine's last weights per optimizer (weightsmemo.go)
+	liveSE   liveServiceEntries // the live ServiceEntry per optimizer (liveserviceentry.go)
+	podSlabs podSlabs           // the Pods a reconcile reads, reused (podslab.go)
 }
 
 // +kubebuilder:rbac:groups=optimization.liorfranko.github.io,resources=istioadaptiverequestoptimizers,verbs=get;list;watch;update;patch
@@ -94,6 +96,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 			r.Loop.Stop(req.NamespacedName)
 			r.Weights.Forget(req.NamespacedName)
 			r.memo.forget(req.NamespacedName)
+			r.liveSE.forget(req.NamespacedName)
 			r.Metrics.ForgetOptimizer(req.Namespace, req.Name)
 			return ctrl.Result{}, nil
 		}
@@ -180,7 +183,9 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	st.optimization(r.Weights.Outcome(req.NamespacedName), r.Loop.enabled())
 	r.coverage(opt, st)
 
-	in, live, err := r.read(ctx, opt)
+	slab := r.podSlabs.get()
+	defer r.podSlabs.put(slab) // after the last read of in.Pods (desired.Compute)
+	in, live, err := r.read(ctx, opt, slab)
 	if err != nil {
 		st.failed("ReadFailed", err.Error())
 		return ctrl.Result{}, err
@@ -322,11 +327,16 @@ func nilIfTyped[T any, P interface {
 	return p
 }
 
-// pod reads one pod, nil when there is none.
-func (r *MirrorReconciler) pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+// pod reads one pod, nil when there is none; from the pod cache into the
+// slab's memory.
+func (r *MirrorReconciler) pod(ctx context.Context, namespace, name string, slab *podSlab) (*corev1.Pod, error) {
 	if r.Pods != nil {
-		pod, _, err := r.Pods.Pod(ctx, namespace, name)
-		return pod, err
+		pod := slab.next()
+		if ok, err := r.Pods.PodInto(ctx, namespace, name, pod); !ok || err != nil {
+			slab.unused(pod)
+			return nil, err
+		}
+		return pod, nil
 	}
 	pod := &corev1.Pod{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, pod); err != nil {
@@ -336,9 +346,9 @@ func (r *MirrorReconciler) pod(ctx context.Context, namespace, name string) (*co
 }
 
 // read gathers the inputs of desired.Compute and the live owned objects.
-func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer) (desired.Input, liveObjects, error) {
+func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, slab *podSlab) (desired.Input, liveObjects, error) {
 	ns := opt.TargetNamespace()
-	in := desired.Input{Optimizer: opt, ClusterDomain: r.ClusterDomain, Pods: map[string]*corev1.Pod{}, Nodes: map[string]*corev1.Node{}}
+	in := desired.Input{Optimizer: opt, ClusterDomain: r.ClusterDomain, Pods: slab.byName, Nodes: map[string]*corev1.Node{}}
 	var live liveObjects
 
 	svc := &corev1.Service{}
@@ -356,11 +366,16 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 		return in, live, fmt.Errorf("list EndpointSlices of %s/%s: %w", ns, opt.Spec.ServiceName, err)
 	}
 	in.Slices = slices.Items
+	n := 0
+	for _, s := range slices.Items {
+		n += len(s.Endpoints)
+	}
+	slab.reserve(n)
 	for _, s := range slices.Items {
 		for _, e := range s.Endpoints {
 			if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
 				if _, seen := in.Pods[e.TargetRef.Name]; !seen {
-					pod, err := r.pod(ctx, ns, e.TargetRef.Name)
+					pod, err := r.pod(ctx, ns, e.TargetRef.Name, slab)
 					if err != nil {
 						return in, live, fmt.Errorf("get Pod %s/%s: %w", ns, e.TargetRef.Name, err)
 					}
@@ -388,11 +403,8 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 
 	name := types.NamespacedName{Namespace: ns, Name: desired.ObjectName(opt.Spec.ServiceName)}
 	var err error
-	// A deep copy, although it costs a tenth of a reconcile at 4000
-	// endpoints (docs/scale.md): an Istio object holds protobuf messages
-	// whose lazily set internal state a concurrent DeepCopy or proto.Equal
-	// writes, so the cache's own copy cannot be shared between reconciles.
-	if live.se, err = getOptional(ctx, r.Client, name, &istionet.ServiceEntry{}); err != nil {
+	// A deep copy made once per version of the object (liveserviceentry.go).
+	if live.se, in.LiveWeights, err = r.liveSE.get(ctx, r.Client, client.ObjectKeyFromObject(opt), name); err != nil {
 		return in, live, err
 	}
 	if live.dr, err = getOptional(ctx, r.Client, name, &istionet.DestinationRule{}); err != nil {
@@ -401,7 +413,6 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 	if live.vs, err = getOptional(ctx, r.Client, name, &istionet.VirtualService{}); err != nil {
 		return in, live, err
 	}
-	in.LiveWeights = desired.LiveWeights(live.se)
 	if in.Mesh, err = r.readMesh(ctx, ns); err != nil {
 		return in, live, err
 	}
@@ -542,6 +553,7 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 	r.Loop.Stop(key)
 	r.Weights.Forget(key)
 	r.memo.forget(key)
+	r.liveSE.forget(key)
 	r.Metrics.ForgetOptimizer(key.Namespace, key.Name)
 	if owned {
 		// Only the optimizer that owned the objects publishes the Service's

@@ -49,6 +49,11 @@ func (r *MirrorReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	}); err != nil {
 		return err
 	}
+	if err := idx.IndexField(ctx, &istionet.ServiceEntry{}, indexObjectName, func(o client.Object) []string {
+		return []string{o.GetName()}
+	}); err != nil {
+		return err
+	}
 	domain := r.ClusterDomain
 	if err := idx.IndexField(ctx, &istionet.VirtualService{}, indexVirtualServiceHost, func(o client.Object) []string {
 		return virtualServiceFQDNs(o.(*istionet.VirtualService), domain)

@@ -114,9 +114,16 @@ func newPodFamily(store *podStore, name, help string, endpoint bool, value func(
 func (f *podFamily) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
 
 func (f *podFamily) Collect(ch chan<- prometheus.Metric) {
+	// The lock is held only to take the services' record slices, which are
+	// never modified once stored: sending a scrape's 40 000 series held it
+	// for about 0.2 s at 10 000 pods, and every reconcile's set waited.
 	f.store.mu.RLock()
-	defer f.store.mu.RUnlock()
+	all := make([][]podRecord, 0, len(f.store.services))
 	for _, recs := range f.store.services {
+		all = append(all, recs)
+	}
+	f.store.mu.RUnlock()
+	for _, recs := range all {
 		// Two records with one address (a pod gone and its IP reused
 		// within a cycle) would be a duplicate series, which fails the
 		// whole scrape: the later one wins.

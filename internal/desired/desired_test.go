@@ -1532,4 +1532,20 @@ func TestComputeDuplicateAddressIndependentOfOrder(t *testing.T) {
 	if len(one.Endpoints) != 1 || !reflect.DeepEqual(one.Endpoints, other.Endpoints) {
 		t.Errorf("endpoints depend on order: %+v vs %+v", one.Endpoints, other.Endpoints)
 	}
+
+	// Among other endpoints, found only after some were taken (a slice is
+	// read as listed until it repeats an address), and across slices.
+	x, y := readyEP("x", 2, "n1"), readyEP("y", 3, "n2")
+	in.Slices = []discoveryv1.EndpointSlice{slice("s1", map[string]int32{"http": 8080}, x, first, y, second), slice("s2", map[string]int32{"http": 8080}, readyEP("z", 3, "n3"))}
+	one = Compute(in)
+	in.Slices = []discoveryv1.EndpointSlice{slice("s2", map[string]int32{"http": 8080}, readyEP("z", 3, "n3")), slice("s1", map[string]int32{"http": 8080}, second, y, x, first)}
+	other = Compute(in)
+	if len(one.Endpoints) != 3 || !reflect.DeepEqual(one.Endpoints, other.Endpoints) {
+		t.Errorf("endpoints depend on order: %+v vs %+v", one.Endpoints, other.Endpoints)
+	}
+	for _, e := range one.Endpoints {
+		if e.Address == ip(3) && e.Pod != "y" {
+			t.Errorf("address %s from %s; the first slice by name (s1, pod y) holds it", e.Address, e.Pod)
+		}
+	}
 }

@@ -75,9 +75,16 @@ func PrimaryAddressType(svc *corev1.Service) discoveryv1.AddressType {
 // address family, one per address.
 func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 	var problems []Problem
-	byAddr := map[string]Endpoint{}
+	n := 0
+	for _, s := range in.Slices {
+		n += len(s.Endpoints)
+	}
+	eps := make([]Endpoint, 0, n)
+	// seen holds each address taken, with the ordinal of its slice.
+	seen := make(map[string]int, n)
+	nodes := map[nodeZone]nodeFacts{}
 	family := PrimaryAddressType(in.Service)
-	for _, s := range sortedSlices(in.Slices) {
+	for k, s := range sortedSlices(in.Slices) {
 		if s.AddressType != family {
 			continue
 		}
@@ -87,49 +94,37 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 				slicePorts[ptrString(p.Name)] = *p.Port
 			}
 		}
-		for _, e := range sortedEndpoints(s.Endpoints) {
+		add := func(e discoveryv1.Endpoint) (repeated bool) {
 			if !isReady(e) || len(e.Addresses) == 0 {
-				continue
+				return false
 			}
 			addr := e.Addresses[0]
-			if _, dup := byAddr[addr]; dup {
-				continue
+			if from, dup := seen[addr]; dup {
+				return from == k
 			}
-			ep := Endpoint{Address: addr, Node: ptrString(e.NodeName)}
-			if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
-				ep.Pod = e.TargetRef.Name
-			} else {
-				ep.Pod = addr
-			}
-			if pod := in.Pods[ep.Pod]; pod != nil {
-				ep.ServiceAccount = pod.Spec.ServiceAccountName
-				ep.Sidecar = HasSidecar(pod)
-				ep.Cores = CPULimit(pod)
-				ep.CPURequest = CPURequest(pod)
-				if ep.Node == "" {
-					ep.Node = pod.Spec.NodeName
-				}
-			}
-			node := in.Nodes[ep.Node]
-			ep.Locality = locality(node, e.Zone)
-			if node != nil {
-				ep.HardwareClass = node.Labels[corev1.LabelInstanceTypeStable]
-				ep.NodeCores = NodeCores(node)
-			}
-			for _, p := range ports {
-				if n, ok := slicePorts[p.serviceName]; ok && uint32(n) != p.TargetPort && !explicitTarget(in.Optimizer, p.Number) {
-					if ep.Ports == nil {
-						ep.Ports = map[string]uint32{}
-					}
-					ep.Ports[p.Name] = uint32(n)
-				}
-			}
-			byAddr[addr] = ep
+			seen[addr] = k
+			eps = append(eps, endpoint(in, ports, e, addr, slicePorts, nodes))
+			return false
 		}
-	}
-	eps := make([]Endpoint, 0, len(byAddr))
-	for _, ep := range byAddr {
-		eps = append(eps, ep)
+		// Which copy of an address repeated within a slice is kept must not
+		// depend on the order the API listed them, so such a slice is read
+		// in a canonical order (sortedEndpoints). Slices seldom repeat an
+		// address, and ordering 4000 endpoints was a tenth of a reconcile:
+		// a slice is read as listed, and read again in order only when it
+		// repeats one.
+		first := len(eps)
+		for _, e := range s.Endpoints {
+			if add(e) {
+				for _, ep := range eps[first:] {
+					delete(seen, ep.Address)
+				}
+				eps = eps[:first]
+				for _, e := range sortedEndpoints(s.Endpoints) {
+					add(e)
+				}
+				break
+			}
+		}
 	}
 	// Addresses are unique, so the order is total.
 	slices.SortFunc(eps, func(a, b Endpoint) int {
@@ -155,6 +150,55 @@ func endpoints(in Input, ports []Port) ([]Endpoint, []Problem) {
 	assignWeights(eps, byPod, in.LiveWeights)
 	capLocalitySums(eps)
 	return eps, problems
+}
+
+// nodeZone and nodeFacts: what an endpoint takes from its node, read once
+// per node (and EndpointSlice zone) in a reconcile rather than per endpoint.
+type nodeZone struct{ node, zone string }
+
+type nodeFacts struct {
+	locality, hardwareClass string
+	cores                   float64
+}
+
+// endpoint is one ready address of a slice as the mirror routes it.
+func endpoint(in Input, ports []Port, e discoveryv1.Endpoint, addr string, slicePorts map[string]int32, nodes map[nodeZone]nodeFacts) Endpoint {
+	ep := Endpoint{Address: addr, Node: ptrString(e.NodeName)}
+	if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
+		ep.Pod = e.TargetRef.Name
+	} else {
+		ep.Pod = addr
+	}
+	if pod := in.Pods[ep.Pod]; pod != nil {
+		ep.ServiceAccount = pod.Spec.ServiceAccountName
+		ep.Sidecar = HasSidecar(pod)
+		ep.Cores = CPULimit(pod)
+		ep.CPURequest = CPURequest(pod)
+		if ep.Node == "" {
+			ep.Node = pod.Spec.NodeName
+		}
+	}
+	key := nodeZone{ep.Node, ptrString(e.Zone)}
+	f, ok := nodes[key]
+	if !ok {
+		node := in.Nodes[ep.Node]
+		f.locality = locality(node, e.Zone)
+		if node != nil {
+			f.hardwareClass = node.Labels[corev1.LabelInstanceTypeStable]
+			f.cores = NodeCores(node)
+		}
+		nodes[key] = f
+	}
+	ep.Locality, ep.HardwareClass, ep.NodeCores = f.locality, f.hardwareClass, f.cores
+	for _, p := range ports {
+		if n, ok := slicePorts[p.serviceName]; ok && uint32(n) != p.TargetPort && !explicitTarget(in.Optimizer, p.Number) {
+			if ep.Ports == nil {
+				ep.Ports = map[string]uint32{}
+			}
+			ep.Ports[p.Name] = uint32(n)
+		}
+	}
+	return ep
 }
 
 func explicitTarget(opt *optv1.IstioAdaptiveRequestOptimizer, number int32) bool {

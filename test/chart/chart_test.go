@@ -177,6 +177,7 @@ var flagsWithoutValue = map[string]string{
 	"zap-time-encoding":    "extraArgs",
 	"deny-cross-namespace": "deprecated; tenancy.allowCrossNamespace replaces it",
 	"pprof-bind-address":   "profiling while debugging; extraArgs",
+	"pprof-contention":     "as pprof-bind-address",
 }
 
 // TestChartCoversManagerFlags lists the manager binary's flags and fails when

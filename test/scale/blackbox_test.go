@@ -44,7 +44,8 @@ const reconcileTarget = 50 * time.Millisecond
 // cycles cause, and the histogram's rise over that window gives the p99.
 // With SCALE=full (make scale): one Service of 4000 pods, and 200 Services
 // of 50 pods; SCALE_CASE=1x4000 or 200x50 runs one of them.
-// SCALE_PROFILE_DIR saves a CPU profile of the manager over the window.
+// SCALE_PROFILE_DIR saves the manager's log, its CPU, allocation, block and
+// mutex profiles and an execution trace over the window (fetchProfiles).
 func TestMirrorReconcileTimeBlackBox(t *testing.T) {
 	type scenario struct {
 		name           string
@@ -74,6 +75,7 @@ func TestMirrorReconcileTimeBlackBox(t *testing.T) {
 			t.Logf("%s: %d reconciles in the window, p50 %v, p99 %v, mean %v, %.1f%% within %v, manager CPU %v per reconcile (load average %s); since start-up %d reconciles, p99 %v",
 				sc.name, p.window.count, p.window.quantile(0.5).Round(100*time.Microsecond), p.window.quantile(0.99).Round(100*time.Microsecond), p.window.mean(),
 				100*p.window.within(reconcileTarget.Seconds()), reconcileTarget, p.cpuPerReconcile, p.load, p.all.count, p.all.quantile(0.99).Round(100*time.Microsecond))
+			t.Logf("%s: API requests in the window by method: %v", sc.name, p.writes)
 			if p.window.count < 100 {
 				t.Errorf("only %d reconciles measured; too few for a p99", p.window.count)
 			}
@@ -92,6 +94,11 @@ type blackBoxFigures struct {
 	// that, unlike wall-clock times, does not grow with the machine's load.
 	cpuPerReconcile time.Duration
 	load            string // /proc/loadavg at the end of the window
+	// writes are the manager's requests to the API server over the window
+	// by method (rest_client_requests_total): PATCH (server-side applies,
+	// the finalizer, the learned state), PUT (status), POST (events). A
+	// reconcile that writes waits for the API server's answer.
+	writes map[string]int
 }
 
 func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigures {
@@ -174,9 +181,13 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 	metricsAddr, probeAddr, pprofAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	cmd := exec.Command(bin, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address", probeAddr, "--prometheus-url", backend.URL,
-		"--default-request-query", "-", "--leader-elect=false", "--pprof-bind-address", pprofAddr)
+		"--default-request-query", "-", "--leader-elect=false", "--pprof-bind-address", pprofAddr, "--pprof-contention")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+api.Kubeconfig)
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "manager.log"))
+	logDir := t.TempDir()
+	if dir := os.Getenv("SCALE_PROFILE_DIR"); dir != "" {
+		logDir = dir // kept beside the profiles
+	}
+	logFile, err := os.Create(filepath.Join(logDir, fmt.Sprintf("manager-%dx%d.log", services, pods)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,25 +230,35 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 		}
 		return nil
 	})
-	// Let the start-up settle (the first weight cycles, their writes).
-	time.Sleep(45 * time.Second)
+	// Let the start-up settle: the engines learn and the policy moves every
+	// optimizer from LEAST_REQUEST to ROUND_ROBIN, which writes each one's
+	// DestinationRule, learned state and status. All optimizers start
+	// together here, so that transition is synchronised, as it seldom is in
+	// a running cluster: measured within it at 200 x 50, nearly half the
+	// reconciles wrote and waited for the API server. Settled is a whole
+	// weight cycle without a write of the manager, once every optimizer has
+	// run settleCycles cycles; the window starts then. The status refresh
+	// of quiet cycles (every 5 minutes, for all at once here too) may still
+	// fall in the window: the API requests logged with the figures say so.
+	settleStart := time.Now()
+	if err := harness.Poll(settleLimit, 5*time.Second, func() error {
+		if got := sumMetric(scrape(t, metricsAddr), "optimizer_cycles_total"); got < float64(settleCycles*services) {
+			return fmt.Errorf("%v of %d weight cycles", got, settleCycles*services)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("weight cycles: %v", err)
+	}
+	quiet := waitForQuiet(t, metricsAddr, settleCycle, settleLimit)
+	t.Logf("start-up settled (%d cycles each, then no write for %v: %v) %v after every ServiceEntry was complete",
+		settleCycles, settleCycle, quiet, time.Since(settleStart).Round(time.Second))
 
 	beforeText := scrape(t, metricsAddr)
 	before := reconcileHistogram(beforeText)
 	window := time.Minute
-	var profile chan []byte
+	var profiles chan savedProfile
 	if dir := os.Getenv("SCALE_PROFILE_DIR"); dir != "" {
-		profile = make(chan []byte, 1)
-		go func() {
-			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", pprofAddr, int(window.Seconds())-5))
-			if err != nil {
-				profile <- nil
-				return
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			profile <- b
-		}()
+		profiles = fetchProfiles(pprofAddr, window-5*time.Second)
 	}
 	// Touch the Services round robin, about 8 a second, so each reconcile
 	// finds an unchanged Service (what most reconciles of a steady cluster
@@ -260,11 +281,16 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 	}
 	text := scrape(t, metricsAddr)
 	after := reconcileHistogram(text)
-	if profile != nil {
-		if b := <-profile; len(b) > 0 {
-			path := filepath.Join(os.Getenv("SCALE_PROFILE_DIR"), fmt.Sprintf("cpu-%dx%d.pprof", services, pods))
-			if err := os.WriteFile(path, b, 0o644); err == nil {
-				t.Logf("CPU profile: go tool pprof -top %s", path)
+	if profiles != nil {
+		for range len(profileKinds) {
+			p := <-profiles
+			if p.err != nil {
+				t.Logf("%s profile: %v", p.kind, p.err)
+				continue
+			}
+			path := filepath.Join(os.Getenv("SCALE_PROFILE_DIR"), fmt.Sprintf("%s-%dx%d.pprof", p.kind, services, pods))
+			if err := os.WriteFile(path, p.data, 0o644); err == nil {
+				t.Logf("%s profile: go tool pprof -top %s", p.kind, path)
 			}
 		}
 	}
@@ -276,10 +302,96 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 		cpu := sumMetric(text, "process_cpu_seconds_total") - sumMetric(beforeText, "process_cpu_seconds_total")
 		f.cpuPerReconcile = time.Duration(cpu / float64(n) * float64(time.Second)).Round(100 * time.Microsecond)
 	}
+	f.writes = map[string]int{}
+	for _, m := range []string{"PATCH", "PUT", "POST", "DELETE"} {
+		label := `method="` + m + `"`
+		f.writes[m] = int(sumMetricWith(text, "rest_client_requests_total", label) - sumMetricWith(beforeText, "rest_client_requests_total", label))
+	}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		f.load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	return f
+}
+
+const (
+	// settleCycle is the manager's default weight cycle: a span that long
+	// without a write means every optimizer's cycle found nothing to write.
+	settleCycle = 30 * time.Second
+	// settleCycles: the policy moves to ROUND_ROBIN once the weights have
+	// rested on measured capacity for a query window (a minute): within
+	// the first three cycles here.
+	settleCycles = 4
+	// settleLimit bounds the wait: the engines learn within a few cycles
+	// and a query window (a minute); past five minutes the status refresh
+	// of quiet cycles (statusRefreshInterval) starts, again for all at once.
+	settleLimit = 4 * time.Minute
+)
+
+// waitForQuiet waits until the manager has sent no PATCH or PUT for quiet,
+// or limit passed; it returns whether it was quiet.
+func waitForQuiet(t *testing.T, metricsAddr string, quiet, limit time.Duration) bool {
+	start := time.Now()
+	writes := func() float64 {
+		text := scrape(t, metricsAddr)
+		return sumMetricWith(text, "rest_client_requests_total", `method="PATCH"`) + sumMetricWith(text, "rest_client_requests_total", `method="PUT"`)
+	}
+	last, since := writes(), time.Now()
+	for time.Since(start) < limit {
+		time.Sleep(5 * time.Second)
+		if w := writes(); w != last {
+			last, since = w, time.Now()
+		} else if time.Since(since) >= quiet {
+			return true
+		}
+	}
+	return false
+}
+
+// profileKinds are the manager's pprof endpoints read over the window: the
+// CPU profile (the work), what was allocated (the garbage collector's
+// work: go tool pprof -sample_index=alloc_space), the block and mutex profiles (where goroutines
+// waited: --pprof-contention) and an execution trace of its first part
+// (`go tool trace -pprof=sched` gives the time runnable goroutines waited
+// for a core, `-pprof=sync` and `-pprof=net` the other waits).
+var profileKinds = []string{"cpu", "allocs", "block", "mutex", "trace"}
+
+type savedProfile struct {
+	kind string
+	data []byte
+	err  error
+}
+
+// fetchProfiles reads every profile kind at once over d (the trace over at
+// most 15 s, as it records every scheduling event) and sends each on the
+// channel it returns.
+func fetchProfiles(addr string, d time.Duration) chan savedProfile {
+	out := make(chan savedProfile, len(profileKinds))
+	for _, kind := range profileKinds {
+		secs := int(d.Seconds())
+		path := kind
+		switch kind {
+		case "cpu":
+			path = "profile"
+		case "trace":
+			secs = min(secs, 15)
+		}
+		go func() {
+			p := savedProfile{kind: kind}
+			defer func() { out <- p }()
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, path, secs))
+			if err != nil {
+				p.err = err
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				p.err = fmt.Errorf("status %s", resp.Status)
+				return
+			}
+			p.data, p.err = io.ReadAll(resp.Body)
+		}()
+	}
+	return out
 }
 
 // histogram is a Prometheus histogram: cumulative counts by upper bound.
