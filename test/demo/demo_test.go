@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -48,8 +49,12 @@ func TestDemoEndToEnd(t *testing.T) {
 	if !(sum.After.Lat.P99 < sum.Before.Lat.P99) {
 		t.Errorf("p99 after convergence %s is not below the baseline's %s", fmtLat(sum.After.Lat.P99), fmtLat(sum.Before.Lat.P99))
 	}
-	if !(sum.After.UtilMaxMin < sum.Before.UtilMaxMin) {
-		t.Errorf("utilisation spread max/min did not fall: %.2f -> %.2f", sum.Before.UtilMaxMin, sum.After.UtilMaxMin)
+	// The promise: the expected request time falls (the p99 above) and no
+	// pod is left saturated. Below full load the slow pods run emptier
+	// than the fast ones, so the utilisations need not even out; the
+	// busiest pod's must fall.
+	if before, after := slices.Max(sum.Before.Util), slices.Max(sum.After.Util); !(after < before) {
+		t.Errorf("the busiest pod's utilisation did not fall: %.0f%% -> %.0f%%", 100*before, 100*after)
 	}
 	if sum.Before.Lat.N == 0 || sum.After.Lat.N == 0 {
 		t.Errorf("empty window: %d requests before, %d after", sum.Before.Lat.N, sum.After.Lat.N)
