@@ -151,8 +151,12 @@ var bestMisses = map[string]string{
 // worse than the baseline (the engine before the four-stage rewrite, on
 // the same simulator), and why: measured and printed, not asserted.
 var baselineMisses = map[string]string{
-	"nolimits-mix1248.yaml": whyMix1248,
+	"nolimits-mix1248.yaml":    whyMix1248,
+	"hetero3-90-nolimits.yaml": whyChanceAlarms,
 }
+
+// whyChanceAlarms is measured on the worst seed (2) with --trace optimizer.
+const whyChanceAlarms = "the median holds; the worst seed (2: 305 ms against the engine before's 253 ms) runs ten LEAST_REQUEST spells in 20 minutes, started by chance alarms: at 90% load a pod's latency over two scrapes reaches 2-4x its window's mean now and then, as far out as the first scrape after a real slowdown"
 
 // whyMix1248 is measured on seed 1 (make bench with --trace optimizer).
 const whyMix1248 = "under Istio's equal weights the 1-core pods are sent 3x what they serve; the first write after opt-in moves each weight at most MaxStep (the 1-core pods' halved), so they stay overloaded, under LEAST_REQUEST, a cycle longer (seed 1: 63.6 ms; 60.9 ms with the first write unbounded, which slowed the following of a slowed pod elsewhere, so it is not done); the engine before the rewrite: 58.2 ms median; the worst seed's cause is not analysed"
