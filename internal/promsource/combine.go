@@ -60,26 +60,13 @@ func (s *Source) QueryParts(ctx context.Context, parts []Part, now time.Time) []
 	}
 	start := time.Now()
 	answers := make([]answer, len(reqs))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, MaxConcurrentChunks)
-	for i := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				answers[i] = answer{err: &UnreachableError{URL: s.url, Err: ctx.Err()}}
-				return
-			}
-			defer func() { <-sem }()
-			answers[i] = s.send(ctx, reqs[i].query, now)
-			if answers[i].err != nil && len(reqs[i].pieces) > 1 && partsAtFault(answers[i].err) && ctx.Err() == nil {
-				answers[i] = s.sendApart(ctx, reqs[i], parts, now)
-			}
-		}()
-	}
-	wg.Wait()
+	s.fanOut(ctx, len(reqs), func(i int) answer {
+		a := s.send(ctx, reqs[i].query, now)
+		if a.err != nil && len(reqs[i].pieces) > 1 && partsAtFault(a.err) && ctx.Err() == nil {
+			a = s.sendApart(ctx, reqs[i], parts, now)
+		}
+		return a
+	}, func(i int, a answer) { answers[i] = a })
 	latency := time.Since(start)
 
 	// Gather each part's series, warnings and first error over its pieces.

@@ -3,6 +3,7 @@ package promsource
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -124,7 +125,7 @@ func TestQueryPartsSplitsOneRequestPerPart(t *testing.T) {
 			}
 			continue
 		}
-		if r.Err != nil || !mapsEqual(r.Result.Values, w) || len(r.Result.Issues) != 0 {
+		if r.Err != nil || !maps.Equal(r.Result.Values, w) || len(r.Result.Issues) != 0 {
 			t.Errorf("part %d: values %v, issues %v, err %v; want %v", i, r.Result.Values, r.Result.Issues, r.Err, w)
 		}
 		if own, _ := Render(parts[i].Template, parts[i].Target); r.Result.Query != own {
@@ -141,7 +142,7 @@ func TestQueryPartsOfOneIsQuery(t *testing.T) {
 	alone, err := s.Query(t.Context(), p.Template, p.Target, testNow)
 	got := s.QueryParts(t.Context(), []Part{p}, testNow)[0]
 	sent := srv.sent()
-	if err != nil || got.Err != nil || !mapsEqual(alone.Values, got.Result.Values) || sent[0] != sent[1] {
+	if err != nil || got.Err != nil || !maps.Equal(alone.Values, got.Result.Values) || sent[0] != sent[1] {
 		t.Errorf("Query %v (%v) via %q; QueryParts %v (%v) via %q", alone.Values, err, sent[0], got.Result.Values, got.Err, sent[1])
 	}
 }

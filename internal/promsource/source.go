@@ -207,31 +207,14 @@ func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time
 		answers[0] = s.send(ctx, queries[0], now)
 	} else {
 		ctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		sem := make(chan struct{}, MaxConcurrentChunks)
-		for i, q := range queries {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				select {
-				case sem <- struct{}{}:
-				case <-ctx.Done():
-					answers[i] = answer{err: &UnreachableError{URL: s.url, Err: ctx.Err()}}
-					return
-				}
-				defer func() { <-sem }()
-				a := s.send(ctx, q, now)
-				mu.Lock()
+		s.fanOut(ctx, len(queries), func(i int) answer { return s.send(ctx, queries[i], now) },
+			func(i int, a answer) {
 				answers[i] = a
 				if a.err != nil && cause < 0 {
 					cause = i
 					cancel() // the query fails anyway; spare the backend
 				}
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+			})
 		cancel()
 	}
 	res.Latency = time.Since(start)
@@ -249,6 +232,33 @@ func (s *Source) Query(ctx context.Context, tmpl string, t Target, now time.Time
 		vec = append(vec, a.vec...)
 	}
 	return finish(res, vec, t.Pods, firstErr)
+}
+
+// fanOut runs do(i) for each i below n, at most MaxConcurrentChunks at a
+// time, and hands each answer to got, one call at a time. A request that
+// cannot start before ctx ends is answered with an *UnreachableError.
+func (s *Source) fanOut(ctx context.Context, n int, do func(i int) answer, got func(i int, a answer)) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	sem := make(chan struct{}, MaxConcurrentChunks)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var a answer
+			select {
+			case sem <- struct{}{}:
+				a = do(i)
+				<-sem
+			case <-ctx.Done():
+				a = answer{err: &UnreachableError{URL: s.url, Err: ctx.Err()}}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			got(i, a)
+		}()
+	}
+	wg.Wait()
 }
 
 // finish turns the series answered for pods (all the requests of one query,

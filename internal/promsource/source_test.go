@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"math"
 	"math/big"
 	"net"
@@ -128,7 +129,7 @@ func TestQuerySendsOneInstantQuery(t *testing.T) {
 	if gotTimeout != "3s" {
 		t.Errorf("timeout = %q, want 3s", gotTimeout)
 	}
-	if !mapsEqual(res.Values, map[string]float64{"a": 0.25, "b": 1.5, "c": 0}) {
+	if !maps.Equal(res.Values, map[string]float64{"a": 0.25, "b": 1.5, "c": 0}) {
 		t.Errorf("Values = %v", res.Values)
 	}
 	if len(res.Missing) != 47 || res.Missing[0] != "other-0" {
@@ -598,7 +599,7 @@ func TestQueryInvalidSamplesAreDropped(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Query() error = %v", err)
 	}
-	if !mapsEqual(res.Values, map[string]float64{"b": 2, "e": 0.5}) {
+	if !maps.Equal(res.Values, map[string]float64{"b": 2, "e": 0.5}) {
 		t.Errorf("Values = %v", res.Values)
 	}
 	if !slices.Equal(res.Missing, []string{"a", "c", "d"}) {
@@ -636,7 +637,7 @@ func TestQueryDuplicateSeries(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Query() error = %v", err)
 	}
-	if !mapsEqual(res.Values, map[string]float64{"b": 2, "c": 4}) {
+	if !maps.Equal(res.Values, map[string]float64{"b": 2, "c": 4}) {
 		t.Errorf("Values = %v, want conflicting a dropped, identical b kept", res.Values)
 	}
 	var dups []DuplicateSeriesError
@@ -661,7 +662,7 @@ func TestQueryMissingPodLabelAndUnexpectedPods(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Query() error = %v", err)
 	}
-	if !mapsEqual(res.Values, map[string]float64{"a": 1}) {
+	if !maps.Equal(res.Values, map[string]float64{"a": 1}) {
 		t.Errorf("Values = %v", res.Values)
 	}
 	var missing *MissingPodLabelError
@@ -766,18 +767,6 @@ func TestQueryConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-}
-
-func mapsEqual(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 func writeFile(t *testing.T, path, content string) {

@@ -1,6 +1,7 @@
 package weights
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -161,7 +162,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	gain, bar, maxMove, _ := e.params.judge(set, ref, slices.Clone(proposal), dp, logVar, loadShift, load)
 	write := gain > bar
 	if e.unapplied {
-		write = write || !equalShares(e.last, ref)
+		write = write || !maps.Equal(e.last, ref)
 	}
 	fixed := make([]bool, len(set))
 	for i, d := range dp {
@@ -253,19 +254,6 @@ func shares(set []Pod, w map[string]uint32) []float64 {
 	return out
 }
 
-// equalShares reports whether a and b give the same pods the same weights.
-func equalShares(a, b map[string]uint32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
-}
-
 func appendBacklog(ps []backlogPoint, p backlogPoint, n int) []backlogPoint {
 	ps = append(ps, p)
 	if len(ps) > n {
@@ -301,7 +289,7 @@ func (e *Engine) unavailable(now time.Time, set []Pod, why Reason) Result {
 	reasons := []Reason{why, {Code: ReasonExpired, Until: down}}
 	// Equal weights at once: no step bound holds a fallback back.
 	w, _ := e.params.settle(set, nil, e.params.proposalFrom(now, set, nil), true, nil)
-	return e.finish(set, ModeFallback, w, !equalShares(w, e.reference()), reasons)
+	return e.finish(set, ModeFallback, w, !maps.Equal(w, e.reference()), reasons)
 }
 
 // hold keeps the live weights; pods that joined get their estimate's.
@@ -313,7 +301,7 @@ func (e *Engine) hold(now time.Time, set []Pod, mode Mode, reasons []Reason) Res
 // finish records the weights and builds the result.
 func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed bool, reasons []Reason) Result {
 	learned := e.learned(set, weights, mode)
-	e.unapplied = changed && !equalShares(weights, e.reference())
+	e.unapplied = changed && !maps.Equal(weights, e.reference())
 	e.mode, e.last, e.lastLearned = mode, weights, learned
 	caps := make(map[string]float64, len(set))
 	models := e.models(set)

@@ -93,7 +93,6 @@ const (
 	evScenario   // a scenario event
 	evWarmup
 	evOptIn // the optimizer is applied (Scenario.OptIn)
-	evProbe // the optimizer looks at the recent signals between cycles
 	// evPolicy: the operator's policy has an action due ([policy]: see
 	// scheduler).
 	evPolicy
@@ -233,14 +232,6 @@ type controller interface {
 	cycle(s *sim)
 	podsChanged(s *sim)
 	speedChanged(s *sim, pod int32)
-}
-
-// prober is a controller that looks at the recent signals between cycles
-// and runs an early cycle when they show trouble.
-type prober interface {
-	probes() bool
-	probe(s *sim) bool
-	earlyCycle(s *sim)
 }
 
 // scheduler is a controller whose own policy decides when its cycles and
@@ -551,18 +542,6 @@ func (s *sim) run() StrategyResult {
 			s.push(event{t: float64(k) * s.cycleLen, kind: evCycle})
 		}
 	}
-	if p, ok := s.ctl.(prober); ok && p.probes() {
-		// As the operator: every third of a scrape interval between
-		// cycles (controllers.probesPerScrape), on a fixed grid here. The
-		// operator skips the look that would fall within one interval
-		// of the cycle; here that is the one at the cycle's instant,
-		// which finds nothing the cycle does not (skipping it changes no
-		// figure of --targets on seeds 1-8).
-		every := s.scrapeEvery / 3
-		for k := 1; s.optIn+float64(k)*every <= s.end; k++ {
-			s.push(event{t: s.optIn + float64(k)*every, kind: evProbe})
-		}
-	}
 	for _, i := range s.events {
 		s.push(event{t: s.sc.Events[i].At.Seconds(), kind: evScenario, pod: int32(i)})
 	}
@@ -598,14 +577,6 @@ func (s *sim) run() StrategyResult {
 			s.orcaTick(e.pod)
 		case evScenario:
 			s.applyEvent(&s.sc.Events[e.pod])
-		case evProbe:
-			if p := s.ctl.(prober); p.probe(s) {
-				// Not a regular cycle: cycleIdx (convergence, reported in
-				// cycles of the scenario's length) does not count it.
-				s.alarms++
-				p.earlyCycle(s)
-				s.measureConvergence()
-			}
 		case evOptIn:
 			s.ctl.start(s)
 			if policyDriven {

@@ -2,7 +2,7 @@ package harness_test
 
 import (
 	"context"
-	"slices"
+	"maps"
 	"testing"
 	"time"
 
@@ -108,7 +108,7 @@ func TestCombinedQueriesWithRealPrometheus(t *testing.T) {
 			if r.Err != nil || r.Result.Err() != nil {
 				t.Fatalf("%s: part %d: %v, issues %v", name, i, r.Err, r.Result.Err())
 			}
-			if !mapsEqualExactly(r.Result.Values, alone[i]) {
+			if !maps.Equal(r.Result.Values, alone[i]) {
 				t.Errorf("%s: part %d: %v, alone %v", name, i, r.Result.Values, alone[i])
 			}
 		}
@@ -124,17 +124,6 @@ func TestCombinedQueriesWithRealPrometheus(t *testing.T) {
 	compare("under a 512-byte limit", short.QueryParts(t.Context(), parts, now))
 	qs, _ = promsource.CombinedQueries(parts, promsource.MinMaxQueryLength)
 	t.Logf("eight parts: one request of %d bytes; %d requests under a 512-byte limit", len(mustCombined(t, parts)), len(qs))
-}
-
-func mapsEqualExactly(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	keys := make([]string, 0, len(a))
-	for k := range a {
-		keys = append(keys, k)
-	}
-	return !slices.ContainsFunc(keys, func(k string) bool { v, ok := b[k]; return !ok || v != a[k] })
 }
 
 func mustCombined(t *testing.T, parts []promsource.Part) string {
