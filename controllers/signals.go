@@ -119,7 +119,7 @@ func b2f(b bool) float64 {
 func coresUnknownReason(s Signals, unlearned int) string {
 	const (
 		format = "%d pod(s) have no CPU limit and %s: their cores are guessed between their CPU request and their node's allocatable CPU, %s. " +
-			"Enable node_cpu_query (cAdvisor's root cgroup with a node label) or the sidecars' istio_request_duration_milliseconds, or set CPU limits"
+			"Enable node_cpu_query (cAdvisor's root cgroup with a node label), or the sidecars' request rates and latency together (istio_requests_total and istio_request_duration_milliseconds), or set CPU limits"
 		overload = "which can send them more than they serve"
 	)
 	if unlearned > 0 {
@@ -138,6 +138,8 @@ func coresUnknownReason(s Signals, unlearned int) string {
 	}
 	if s.Requests {
 		missing += ", nor the sidecars' latency"
+	} else {
+		missing += ", nor the sidecars' request rates"
 	}
 	return fmt.Sprintf(format, s.NoLimitPods, missing, overload)
 }
