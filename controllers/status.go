@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"strconv"
 	"strings"
@@ -36,14 +37,15 @@ type status struct {
 	// quiet: the weight cycle brought nothing worth a status write (see
 	// statusRefreshInterval), so the messages that quote it stay as they are.
 	quiet        bool
-	loadBalancer string // the DestinationRule's policy
-	balancerNote string // why it is not the one asked for
+	refreshAfter time.Duration // this optimizer's statusRefreshPeriod
+	loadBalancer string        // the DestinationRule's policy
+	balancerNote string        // why it is not the one asked for
 }
 
 type reasonMessage struct{ reason, message string }
 
 func newStatus(opt *optv1.IstioAdaptiveRequestOptimizer) *status {
-	return &status{generation: opt.Generation, endpoints: opt.Status.Endpoints}
+	return &status{generation: opt.Generation, endpoints: opt.Status.Endpoints, refreshAfter: statusRefreshPeriod(opt.Namespace, opt.Name)}
 }
 
 func (s *status) stalled(reason, msg string) { s.stall = &reasonMessage{reason, msg} }
@@ -161,7 +163,7 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	if out.DryRun {
 		s.note = "dry run, weights computed but not applied: " + s.note
 	}
-	s.quiet = quietCycle(st, out)
+	s.quiet = quietCycle(st, out, s.refreshAfter)
 	if !s.quiet {
 		t := metav1.NewTime(out.Time)
 		st.LastOptimizationTime = &t
@@ -193,10 +195,25 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 // mode or dry run changes, and otherwise at most this often.
 const statusRefreshInterval = 5 * time.Minute
 
-// quietCycle says whether the last weight cycle is not worth a status write.
-func quietCycle(st *optv1.IstioAdaptiveRequestOptimizerStatus, out *Outcome) bool {
+// statusRefreshPeriod is one optimizer's period of quiet refreshes, between
+// half statusRefreshInterval and the whole of it, fixed by its namespace
+// and name. Optimizers that learned in the same minute (a Helm release, a
+// manager restart) would otherwise refresh in the same cycle every five
+// minutes, a burst of status writes that each wait for the API server;
+// with periods of their own they drift apart after the first.
+func statusRefreshPeriod(namespace, name string) time.Duration {
+	h := fnv.New64a()
+	h.Write([]byte(namespace + "/" + name))
+	half := statusRefreshInterval / 2
+	return half + time.Duration(h.Sum64()%uint64(half+1))
+}
+
+// quietCycle says whether the last weight cycle is not worth a status
+// write: nothing changed that the status quotes and the last write is
+// less than refresh old.
+func quietCycle(st *optv1.IstioAdaptiveRequestOptimizerStatus, out *Outcome, refresh time.Duration) bool {
 	prev := st.LastOptimizationTime
-	if prev == nil || out.Result.Changed || out.Time.Before(prev.Time) || out.Time.Sub(prev.Time) >= statusRefreshInterval {
+	if prev == nil || out.Result.Changed || out.Time.Before(prev.Time) || out.Time.Sub(prev.Time) >= refresh {
 		return false
 	}
 	ready := meta.FindStatusCondition(st.Conditions, optv1.ConditionReady)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
@@ -77,6 +79,48 @@ func TestStatusListsAtMost100Weights(t *testing.T) {
 		}
 		if opt.Status.Weights[0].Pod != "pod-0000" || opt.Status.Weights[99].Pod != "pod-0099" {
 			t.Errorf("dry run %v: listed %s..%s, want the first by name", dryRun, opt.Status.Weights[0].Pod, opt.Status.Weights[99].Pod)
+		}
+	}
+}
+
+// TestStatusRefreshSpread: optimizers whose status was written in the same
+// cycle (they learned together) do not all refresh it in the same later
+// cycle, and none goes longer than statusRefreshInterval without one.
+func TestStatusRefreshSpread(t *testing.T) {
+	const n = 200
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	prev := make([]time.Time, n)
+	for i := range prev {
+		prev[i] = t0
+	}
+	busiest := 0
+	for c := 1; c <= 60; c++ { // half an hour of 30 s cycles
+		now := t0.Add(time.Duration(c) * 30 * time.Second)
+		written := 0
+		for i := range n {
+			st := &optv1.IstioAdaptiveRequestOptimizerStatus{
+				LastOptimizationTime: &metav1.Time{Time: prev[i]},
+				Conditions:           []metav1.Condition{{Type: optv1.ConditionReady, Message: "weights steady: nothing to do"}},
+			}
+			out := &Outcome{Time: now, Result: weights.Result{Mode: weights.ModeSteady}}
+			if !quietCycle(st, out, statusRefreshPeriod("team", fmt.Sprintf("svc-%d", i))) {
+				if gap := now.Sub(prev[i]); gap > statusRefreshInterval {
+					t.Fatalf("svc-%d refreshed after %v, more than %v", i, gap, statusRefreshInterval)
+				}
+				prev[i] = now
+				written++
+			}
+		}
+		busiest = max(busiest, written)
+	}
+	// Spread evenly over periods of 150 to 300 s, a 30 s cycle holds about
+	// a fifth of them at first; all in one cycle is what spreading removes.
+	if busiest > n/3 {
+		t.Errorf("%d of %d optimizers refreshed their status in one cycle, want at most %d", busiest, n, n/3)
+	}
+	for i := range n {
+		if p := statusRefreshPeriod("team", fmt.Sprintf("svc-%d", i)); p < statusRefreshInterval/2 || p > statusRefreshInterval {
+			t.Errorf("svc-%d: period %v outside [%v, %v]", i, p, statusRefreshInterval/2, statusRefreshInterval)
 		}
 	}
 }

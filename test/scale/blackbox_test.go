@@ -238,8 +238,9 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 	// reconciles wrote and waited for the API server. Settled is a whole
 	// weight cycle without a write of the manager, once every optimizer has
 	// run settleCycles cycles; the window starts then. The status refresh
-	// of quiet cycles (every 5 minutes, for all at once here too) may still
-	// fall in the window: the API requests logged with the figures say so.
+	// of quiet cycles (every 2.5 to 5 minutes, each optimizer's own period)
+	// may still fall in the window: the API requests logged with the figures
+	// say so.
 	settleStart := time.Now()
 	if err := harness.Poll(settleLimit, 5*time.Second, func() error {
 		if got := sumMetric(scrape(t, metricsAddr), "optimizer_cycles_total"); got < float64(settleCycles*services) {
@@ -322,8 +323,9 @@ const (
 	// the first three cycles here.
 	settleCycles = 4
 	// settleLimit bounds the wait: the engines learn within a few cycles
-	// and a query window (a minute); past five minutes the status refresh
-	// of quiet cycles (statusRefreshInterval) starts, again for all at once.
+	// and a query window (a minute); from two and a half minutes after
+	// learning, the status refreshes of quiet cycles (statusRefreshPeriod)
+	// start, spread over the next two and a half.
 	settleLimit = 4 * time.Minute
 )
 
