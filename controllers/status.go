@@ -37,7 +37,7 @@ type status struct {
 	// quiet: the weight cycle brought nothing worth a status write (see
 	// statusRefreshInterval), so the messages that quote it stay as they are.
 	quiet        bool
-	refreshAfter time.Duration // this optimizer's statusRefreshPeriod
+	refreshPhase time.Duration // this optimizer's statusRefreshPhase
 	loadBalancer string        // the DestinationRule's policy
 	balancerNote string        // why it is not the one asked for
 }
@@ -45,7 +45,7 @@ type status struct {
 type reasonMessage struct{ reason, message string }
 
 func newStatus(opt *optv1.IstioAdaptiveRequestOptimizer) *status {
-	return &status{generation: opt.Generation, endpoints: opt.Status.Endpoints, refreshAfter: statusRefreshPeriod(opt.Namespace, opt.Name)}
+	return &status{generation: opt.Generation, endpoints: opt.Status.Endpoints, refreshPhase: statusRefreshPhase(opt.Namespace, opt.Name)}
 }
 
 func (s *status) stalled(reason, msg string) { s.stall = &reasonMessage{reason, msg} }
@@ -163,7 +163,7 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	if out.DryRun {
 		s.note = "dry run, weights computed but not applied: " + s.note
 	}
-	s.quiet = quietCycle(st, out, s.refreshAfter)
+	s.quiet = quietCycle(st, out, s.refreshPhase)
 	if !s.quiet {
 		t := metav1.NewTime(out.Time)
 		st.LastOptimizationTime = &t
@@ -195,25 +195,37 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 // mode or dry run changes, and otherwise at most this often.
 const statusRefreshInterval = 5 * time.Minute
 
-// statusRefreshPeriod is one optimizer's period of quiet refreshes, between
-// half statusRefreshInterval and the whole of it, fixed by its namespace
-// and name. Optimizers that learned in the same minute (a Helm release, a
-// manager restart) would otherwise refresh in the same cycle every five
-// minutes, a burst of status writes that each wait for the API server;
-// with periods of their own they drift apart after the first.
-func statusRefreshPeriod(namespace, name string) time.Duration {
+// statusRefreshPhase places one optimizer's quiet refreshes: at the
+// instants phase + k * statusRefreshInterval since the Unix epoch, the phase
+// drawn from its namespace and name. Optimizers that learned in the same
+// minute (a Helm release, a manager restart) would otherwise refresh in the
+// same cycle every five minutes, a burst of status writes that each wait for
+// the API server; on phases of their own they spread evenly over the
+// interval and stay so (periods of their own would fall back into step:
+// cycles round every period to a whole number of cycles).
+func statusRefreshPhase(namespace, name string) time.Duration {
 	h := fnv.New64a()
 	h.Write([]byte(namespace + "/" + name))
-	half := statusRefreshInterval / 2
-	return half + time.Duration(h.Sum64()%uint64(half+1))
+	return time.Duration(h.Sum64() % uint64(statusRefreshInterval))
+}
+
+// refreshDue reports whether a quiet cycle at now refreshes a status last
+// written at prev: one of the optimizer's refresh instants (see
+// statusRefreshPhase) lies in (prev, now], or statusRefreshInterval has
+// passed all the same.
+func refreshDue(prev, now time.Time, phase time.Duration) bool {
+	if now.Sub(prev) >= statusRefreshInterval {
+		return true
+	}
+	slot := func(t time.Time) int64 { return (t.UnixNano() - int64(phase)) / int64(statusRefreshInterval) }
+	return slot(now) > slot(prev)
 }
 
 // quietCycle says whether the last weight cycle is not worth a status
-// write: nothing changed that the status quotes and the last write is
-// less than refresh old.
-func quietCycle(st *optv1.IstioAdaptiveRequestOptimizerStatus, out *Outcome, refresh time.Duration) bool {
+// write: nothing changed that the status quotes and no refresh is due.
+func quietCycle(st *optv1.IstioAdaptiveRequestOptimizerStatus, out *Outcome, phase time.Duration) bool {
 	prev := st.LastOptimizationTime
-	if prev == nil || out.Result.Changed || out.Time.Before(prev.Time) || out.Time.Sub(prev.Time) >= refresh {
+	if prev == nil || out.Result.Changed || out.Time.Before(prev.Time) || refreshDue(prev.Time, out.Time, phase) {
 		return false
 	}
 	ready := meta.FindStatusCondition(st.Conditions, optv1.ConditionReady)
