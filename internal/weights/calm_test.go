@@ -372,3 +372,37 @@ func TestExpiryFallsBackToEqualWeights(t *testing.T) {
 		t.Fatalf("data back, still %s with %v", res.Mode, s.live)
 	}
 }
+
+// The learned state (Snapshot) is not worth persisting again each cycle
+// because the policy's jitter (half a scrape interval either way) moved
+// one gap between cycles: over 200 cycles after the noise settled, the
+// persisted snapshot is written again at most once.
+func TestSnapshotStillUnderCycleJitter(t *testing.T) {
+	for seed := range uint64(4) {
+		s := newService(t, true, 0.7, seed)
+		s.noisy, s.noise = "cpu", 0.05
+		r := rand.New(rand.NewPCG(seed, 7))
+		cycle := func() {
+			s.now = s.now.Add(30*time.Second + time.Duration((r.Float64()-0.5)*float64(15*time.Second)))
+			s.apply(s.e.Update(s.pods, s.observe(1)))
+		}
+		for range 40 {
+			cycle()
+		}
+		persisted := s.e.Snapshot()
+		if !persisted.Valid() {
+			t.Fatalf("seed %d: no snapshot after 40 cycles", seed)
+		}
+		writes := 0
+		for range 200 {
+			cycle()
+			if snap := s.e.Snapshot(); !snap.Similar(persisted) {
+				persisted = snap
+				writes++
+			}
+		}
+		if writes > 1 {
+			t.Errorf("seed %d: the learned state was worth writing %d times in 200 cycles of jittered gaps (last %+v)", seed, writes, persisted)
+		}
+	}
+}

@@ -25,7 +25,7 @@ func (e *Engine) Snapshot() Snapshot {
 	if e.noiseCycles == 0 {
 		return Snapshot{}
 	}
-	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.cycle.Seconds()}
+	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds()}
 }
 
 // Valid reports whether s holds a measured noise in the engine's range.
@@ -35,7 +35,10 @@ func (s Snapshot) Valid() bool {
 
 // Similar reports whether s and o differ by less than persisting is
 // worth: noise within 20% (the noise's own estimate, averaged over a few
-// cycles, moves by that much), the cycle within 10% (its jitter), and the
+// cycles, moves by that much), the cycle within 10% (a mean over the
+// estimates' memory: a policy's jitter of up to half a scrape interval
+// either way moves one gap by up to 25% of a 30 s cycle, its mean over 20
+// gaps by about 2%, while a changed cycle setting moves it by more), and the
 // same count of cycles up to the few the noise is first averaged over.
 // Noise keeps moving a little every cycle; persisting each move would
 // write every cycle.
@@ -65,7 +68,7 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 		e.noise = min(max(s.Noise, minNoise()), 0.5)
 		e.noiseCycles = min(s.NoiseCycles, e.params.memory())
 		if c := time.Duration(s.CycleSeconds * float64(time.Second)); c > 0 && !math.IsInf(s.CycleSeconds, 0) {
-			e.cycle = c
+			e.cycle, e.meanCycle, e.gaps = c, c, e.params.memory()
 		}
 	}
 	e.seed(now, w, e.params.Smoothing*e.noise*e.noise)
