@@ -42,8 +42,9 @@ const reconcileTarget = 50 * time.Millisecond
 // ServiceEntry is written, the Services are touched (an annotation) so the
 // mirror reconciles each again and again, besides the reconciles the weight
 // cycles cause, and the histogram's rise over that window gives the p99.
-// With SCALE=full (make scale): one Service of 4000 pods, and 200 Services
-// of 50 pods; SCALE_CASE=1x4000 or 200x50 runs one of them.
+// With SCALE=full (make scale): one Service of 4000 pods, 200 Services of
+// 50 pods, and 10 of 50 (the many-optimizer case's baseline);
+// SCALE_CASE=1x4000, 200x50 or 10x50 runs one of them.
 // SCALE_PROFILE_DIR saves the manager's log, its CPU, allocation, block and
 // mutex profiles and an execution trace over the window (fetchProfiles).
 func TestMirrorReconcileTimeBlackBox(t *testing.T) {
@@ -56,7 +57,7 @@ func TestMirrorReconcileTimeBlackBox(t *testing.T) {
 		// minute per size: `make scale` runs it.
 		t.Skip("run with SCALE=full (make scale)")
 	}
-	cases := []scenario{{"1x4000", 1, 4000}, {"200x50", 200, 50}}
+	cases := []scenario{{"1x4000", 1, 4000}, {"200x50", 200, 50}, {"10x50", 10, 50}}
 	if only := os.Getenv("SCALE_CASE"); only != "" {
 		var kept []scenario
 		for _, sc := range cases {
