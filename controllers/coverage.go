@@ -13,7 +13,6 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -346,9 +345,8 @@ func coverageStatus(rec *CoverageRecord, threshold float64) (*optv1.TrafficCover
 	if rec == nil {
 		return nil, ""
 	}
-	t := metav1.NewTime(rec.Time)
 	window, _ := promsource.FormatDuration(rec.Window)
-	out := &optv1.TrafficCoverage{MeasuredTime: &t, Window: window}
+	out := &optv1.TrafficCoverage{MeasuredTime: statusTime(rec.Time), Window: window}
 	if rec.Err != nil {
 		var long *promsource.QueryTooLongError
 		msg := "the coverage query failed: " + rec.Err.Error()

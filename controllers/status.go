@@ -94,7 +94,7 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
 			Type: t, Status: status, Reason: reason, Message: msg,
-			ObservedGeneration: s.generation, LastTransitionTime: metav1.NewTime(now),
+			ObservedGeneration: s.generation, LastTransitionTime: *statusTime(now),
 		})
 	}
 	switch {
@@ -135,6 +135,15 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 	}
 }
 
+// statusTime is t as the API server stores it in a status: to the second
+// (RFC 3339). A time kept to the nanosecond differs from its own stored
+// copy, so every later reconcile would find the status changed and write
+// it again (at 200 optimizers, one write in two reconciles).
+func statusTime(t time.Time) *metav1.Time {
+	mt := metav1.NewTime(t.Truncate(time.Second))
+	return &mt
+}
+
 // equalStatus ignores condition transition times that SetStatusCondition
 // keeps stable anyway.
 func equalStatus(a, b *optv1.IstioAdaptiveRequestOptimizerStatus) bool {
@@ -165,8 +174,7 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	}
 	s.quiet = quietCycle(st, out, s.refreshPhase)
 	if !s.quiet {
-		t := metav1.NewTime(out.Time)
-		st.LastOptimizationTime = &t
+		st.LastOptimizationTime = statusTime(out.Time)
 		st.WeightSpread = strconv.FormatFloat(spread(out.Result.Weights), 'f', 2, 64)
 		st.Weights, st.WeightsTotal = statusWeights(out, s.endpointsByPod)
 	}
