@@ -176,37 +176,55 @@ type CoverageLoop struct {
 // NeedLeaderElection: only the leader queries the backend.
 func (l *CoverageLoop) NeedLeaderElection() bool { return true }
 
-// Start implements manager.Runnable: a measurement of every optimizer each
-// interval, the first one after the first interval (the window must have
-// passed since the optimizer could route anything).
+// Start implements manager.Runnable: every optimizer is measured once an
+// interval, the first time after one whole interval (the window must have
+// passed since the optimizer could route anything). A round's
+// measurements are spread evenly over the interval: each one changes its
+// optimizer's status (status.coverage's time), and optimizers measured in
+// one go would all write their status in the same cycle.
 func (l *CoverageLoop) Start(ctx context.Context) error {
-	for {
-		t := l.Clock.NewTimer(l.Options.Interval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C():
-			l.MeasureAll(ctx)
-		}
+	next := l.Clock.Now().Add(l.Options.Interval)
+	for l.sleepUntil(ctx, next) {
+		next = next.Add(l.Options.Interval)
+		l.MeasureAll(ctx, next)
+	}
+	return nil
+}
+
+// sleepUntil waits until t on the loop's clock; false when ctx ended.
+func (l *CoverageLoop) sleepUntil(ctx context.Context, t time.Time) bool {
+	d := t.Sub(l.Clock.Now())
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := l.Clock.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C():
+		return true
 	}
 }
 
-// MeasureAll measures every optimizer once, one after the other: the
+// MeasureAll measures every optimizer once, one after the other, spread
+// evenly from now until end (all at once when end has passed): the
 // queries are few and small, and a backend that hangs costs at most its
 // timeout per optimizer, once per interval.
-func (l *CoverageLoop) MeasureAll(ctx context.Context) {
+func (l *CoverageLoop) MeasureAll(ctx context.Context, end time.Time) {
 	list := &optv1.IstioAdaptiveRequestOptimizerList{}
 	if err := l.Client.List(ctx, list); err != nil {
 		log.FromContext(ctx).Info("Could not list optimizers to measure traffic coverage", "error", err.Error())
 		return
 	}
+	start, n := l.Clock.Now(), time.Duration(len(list.Items))
+	span := max(end.Sub(start), 0)
 	seen := make(map[types.NamespacedName]bool, len(list.Items))
 	for i := range list.Items {
 		opt := &list.Items[i]
 		key := client.ObjectKeyFromObject(opt)
 		seen[key] = true
-		if ctx.Err() != nil {
+		if !l.sleepUntil(ctx, start.Add(span*time.Duration(i)/n)) {
 			return
 		}
 		l.Measure(ctx, opt)
