@@ -219,12 +219,9 @@ func statusRefreshPhase(namespace, name string) time.Duration {
 
 // refreshDue reports whether a quiet cycle at now refreshes a status last
 // written at prev: one of the optimizer's refresh instants (see
-// statusRefreshPhase) lies in (prev, now], or statusRefreshInterval has
-// passed all the same.
+// statusRefreshPhase) lies in (prev, now]. They come every
+// statusRefreshInterval, so no status goes longer without one.
 func refreshDue(prev, now time.Time, phase time.Duration) bool {
-	if now.Sub(prev) >= statusRefreshInterval {
-		return true
-	}
 	slot := func(t time.Time) int64 { return (t.UnixNano() - int64(phase)) / int64(statusRefreshInterval) }
 	return slot(now) > slot(prev)
 }
