@@ -98,7 +98,7 @@ constant $w/decide.go maxUtilisation 0.93 0.85
 constant $w/decide.go maxUtilisation 0.93 0.96
 constant $w/observe.go saturatedUse 0.97 0.9
 constant $w/observe.go saturatedUse 0.97 0.99
-constant $w/alarm.go alarmLatency 2 1.5
-constant $w/alarm.go alarmLatency 2 4
+constant $w/alarm.go alarmLatency 4 2
+constant $w/alarm.go alarmLatency 4 8
 constant $w/params.go smallestWeight 100 50
 constant $w/params.go smallestWeight 100 200
