@@ -308,11 +308,7 @@ type APIRoute struct {
 func FromHTTPRoute(r *gwv1.HTTPRoute) APIRoute {
 	a := apiRoute(optv1.GatewayRouteHTTPRoute, r.ObjectMeta, r.Spec.ParentRefs)
 	for _, rule := range r.Spec.Rules {
-		var refs []gwv1.BackendRef
-		for _, b := range rule.BackendRefs {
-			refs = append(refs, b.BackendRef)
-		}
-		a.Backends = append(a.Backends, refs)
+		a.Backends = append(a.Backends, backendRefs(rule.BackendRefs, func(b gwv1.HTTPBackendRef) gwv1.BackendRef { return b.BackendRef }))
 	}
 	return a
 }
@@ -320,13 +316,18 @@ func FromHTTPRoute(r *gwv1.HTTPRoute) APIRoute {
 func FromGRPCRoute(r *gwv1.GRPCRoute) APIRoute {
 	a := apiRoute(optv1.GatewayRouteGRPCRoute, r.ObjectMeta, r.Spec.ParentRefs)
 	for _, rule := range r.Spec.Rules {
-		var refs []gwv1.BackendRef
-		for _, b := range rule.BackendRefs {
-			refs = append(refs, b.BackendRef)
-		}
-		a.Backends = append(a.Backends, refs)
+		a.Backends = append(a.Backends, backendRefs(rule.BackendRefs, func(b gwv1.GRPCBackendRef) gwv1.BackendRef { return b.BackendRef }))
 	}
 	return a
+}
+
+// backendRefs returns a rule's backendRefs without their filters.
+func backendRefs[B any](refs []B, ref func(B) gwv1.BackendRef) []gwv1.BackendRef {
+	var out []gwv1.BackendRef
+	for _, b := range refs {
+		out = append(out, ref(b))
+	}
+	return out
 }
 
 func FromTCPRoute(r *gwv1.TCPRoute) APIRoute {

@@ -443,3 +443,44 @@ func FuzzRetargetRestore(f *testing.F) {
 }
 
 func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
+
+// TestFromRoutesKeepEachRulesBackends: the typed HTTP and gRPC routes reduce
+// to the same APIRoute, one slice of backendRefs per rule (filters dropped,
+// a rule without backends kept as an empty one).
+func TestFromRoutesKeepEachRulesBackends(t *testing.T) {
+	web := gwv1.BackendRef{BackendObjectReference: gwv1.BackendObjectReference{Name: "web", Port: port(80)}, Weight: ptrOf(int32(3))}
+	other := gwv1.BackendRef{BackendObjectReference: gwv1.BackendObjectReference{Name: "other", Port: port(81)}}
+	h := &gwv1.HTTPRoute{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "r"}}
+	h.Spec.ParentRefs = []gwv1.ParentReference{gatewayParent}
+	h.Spec.Rules = []gwv1.HTTPRouteRule{
+		{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: web, Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterRequestHeaderModifier}}}, {BackendRef: other}}},
+		{},
+		{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: other}}},
+	}
+	g := &gwv1.GRPCRoute{ObjectMeta: h.ObjectMeta}
+	g.Spec.ParentRefs = h.Spec.ParentRefs
+	g.Spec.Rules = []gwv1.GRPCRouteRule{
+		{BackendRefs: []gwv1.GRPCBackendRef{{BackendRef: web, Filters: []gwv1.GRPCRouteFilter{{Type: gwv1.GRPCRouteFilterRequestHeaderModifier}}}, {BackendRef: other}}},
+		{},
+		{BackendRefs: []gwv1.GRPCBackendRef{{BackendRef: other}}},
+	}
+	want := [][]gwv1.BackendRef{{web, other}, nil, {other}}
+	for _, a := range []APIRoute{FromHTTPRoute(h), FromGRPCRoute(g)} {
+		if len(a.Backends) != len(want) {
+			t.Fatalf("%s: %d rules, want %d", a.Kind, len(a.Backends), len(want))
+		}
+		for i := range want {
+			if !slices.EqualFunc(a.Backends[i], want[i], func(x, y gwv1.BackendRef) bool {
+				return x.Name == y.Name && *x.Port == *y.Port && (x.Weight == nil) == (y.Weight == nil)
+			}) {
+				t.Errorf("%s rule %d: %+v, want %+v", a.Kind, i, a.Backends[i], want[i])
+			}
+		}
+		if a.Namespace != "shop" || a.Name != "r" || len(a.Parents) != 1 {
+			t.Errorf("%s: %s/%s parents %v", a.Kind, a.Namespace, a.Name, a.Parents)
+		}
+	}
+	if FromHTTPRoute(h).Kind != optv1.GatewayRouteHTTPRoute || FromGRPCRoute(g).Kind != optv1.GatewayRouteGRPCRoute {
+		t.Error("kinds not kept")
+	}
+}
