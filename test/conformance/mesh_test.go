@@ -392,15 +392,9 @@ func TestTLSRoutedBySNI(t *testing.T) {
 	t.Logf("default: %s; TLS for SNI %q still -> %s", msg, snis, kube)
 
 	// Listed: SNI routing to the optimized host.
-	o := &optv1.IstioAdaptiveRequestOptimizer{}
-	ctx := testCtx(t)
-	if err := suite.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: optimizerName}, o); err != nil {
-		t.Fatal(err)
-	}
-	o.Spec.ServicePorts = []optv1.ServicePort{{Number: 80}, {Number: 443}}
-	if err := suite.c.Update(ctx, o); err != nil {
-		t.Fatal(err)
-	}
+	updateOptimizer(t, s.ns, optimizerName, func(o *optv1.IstioAdaptiveRequestOptimizer) {
+		o.Spec.ServicePorts = []optv1.ServicePort{{Number: 80}, {Number: 443}}
+	})
 	d := waitFor(t, x, propagation, "listed: TLS with the Service's SNI to the optimized host", sniTo(s.host(), opt))
 	waitFor(t, x, propagation, "endpoints of the optimized cluster", func(x *harness.XDSClient) error {
 		if eps, err := x.Endpoints(opt); err != nil || len(eps) == 0 {
