@@ -61,8 +61,9 @@
 // scrape intervals: a pod whose latency is at least alarmLatency (4)
 // times its usual and zSigmas beyond its usual recent-to-window ratio
 // rings it, and the operator runs an early cycle (Observation.Early) that
-// reads the extra wait as a backlog and cuts the pod at once. An early cycle's windows
-// are mostly the last cycle's: it reads backlogs, not speeds.
+// reads the extra wait as a backlog and cuts the pod at once. An early
+// cycle's windows are mostly the last cycle's: it reads backlogs, not
+// speeds.
 //
 // # When data is missing
 //

@@ -127,7 +127,7 @@ func TestRecentLatencyQueryWithRealPrometheus(t *testing.T) {
 	recent := full
 	recent.Window = 2 * scrape
 	time.Sleep(window + 2*scrape)
-	checkValues(t, src, promsource.DefaultLatencyQuery, full, map[string]float64{"web-0": 0.020, "web-1": 0.020}, 0.01)
+	before := checkValues(t, src, promsource.DefaultLatencyQuery, full, map[string]float64{"web-0": 0.020, "web-1": 0.020}, 0.01)
 	res := checkRecentQuery(t, src, promsource.DefaultLatencyQuery, recent, map[string]float64{"web-0": 0.020, "web-1": 0.020}, 0.01)
 	if !strings.Contains(res.Query, "[2s]") {
 		t.Errorf("recent latency query %s has no [2s] window", res.Query)
@@ -146,9 +146,9 @@ func TestRecentLatencyQueryWithRealPrometheus(t *testing.T) {
 		t.Errorf("web-1 over the %v window: %v s, want between the old 0.02 and the new 0.4 (a mix of both)", window, v)
 	}
 	// A look compares the recent latency with the window's at the last
-	// cycle in which the pod kept up (0.02 s here) and rings at 4x.
-	if got := res.Values["web-1"] / 0.020; got < 4 {
-		t.Errorf("web-1: recent %v s is %.1fx the 0.02 s it had before; the look between cycles would miss it (it rings at 4x)", res.Values["web-1"], got)
+	// cycle in which the pod kept up (before the slowdown) and rings at 4x.
+	if got := res.Values["web-1"] / before.Values["web-1"]; got < 4 {
+		t.Errorf("web-1: recent %v s is %.1fx the %v s of the window before; the look between cycles would miss it (it rings at 4x)", res.Values["web-1"], got, before.Values["web-1"])
 	}
 	t.Logf("after the slowdown: recent latency %v via %s; over the window %v via %s", res.Values, res.Query, long.Values, long.Query)
 }
