@@ -27,8 +27,9 @@
 //     its usual. A pod without data gives no reading, never a zero.
 //  2. estimate (estimate.go): one Kalman filter per pod over log speed
 //     (and one over log cores for a pod without a limit): a mean and a
-//     variance. The readings' noise is measured from the residuals; a
-//     change that persists (a CUSUM of innovations) or a jump restarts the
+//     variance. The readings' noise is measured from the residuals (for
+//     cores, their spread, so an estimate that is off is not taken for
+//     noise); a change that persists (a CUSUM of innovations) or a jump restarts the
 //     filter with a wide variance, so the estimate moves fast, then
 //     settles to Smoothing per reading. A censored reading is a truncated
 //     update (Tobit), backing off below the bound by the gap it found.

@@ -65,7 +65,7 @@ type podState struct {
 	fromData bool
 	// cores: log cores of a pod without a limit, read on coresNode.
 	cores          filter
-	coresResiduals []float64
+	coresResiduals []float64 // the readings' distances from the estimate
 	coresNode      string
 	// blind: CPU alone cannot show this pod's overload (see markBlind).
 	blind bool

@@ -11,7 +11,8 @@ import (
 // variance. A reading is weighed against the estimate by their variances
 // (a Kalman filter over a random walk); the walk's step is set so that a
 // settled estimate takes Smoothing of each new reading. The reading's
-// noise is measured from the residuals of all pods (a robust median). A
+// noise is measured from the residuals of all pods (a robust median), a
+// cores reading's from the pod's own (their interquartile range). A
 // change that persists past the noise (a CUSUM of the innovations in units
 // of their standard deviation) or one reading far outside it restarts the
 // filter: its variance is raised to the reading's, so the estimate moves
@@ -51,8 +52,12 @@ func (p Params) processVariance() float64 {
 // update folds a reading [lo, hi] (log, in the estimate's units) of
 // variance r into f. It reports whether the filter restarted. corr is how
 // much more a sum of consecutive innovations varies than independent ones
-// would (see overlapInflation): the CUSUM is judged in those units.
-func (f *filter) update(lo, hi, r, corr float64, p Params) bool {
+// would (see overlapInflation): the CUSUM is judged in those units. A
+// bounded reading (one clamped at a bound, whose distance from the
+// estimate is the bound's noise, not a measurement's) is folded in but
+// neither restarts the filter nor counts toward the CUSUM: only a
+// measurement can show a change.
+func (f *filter) update(lo, hi, r, corr float64, p Params, bounded bool) bool {
 	if !f.known {
 		f.m, f.v, f.known, f.n = (lo+hi)/2, r+sq((hi-lo)/2), true, 1
 		return false
@@ -61,12 +66,14 @@ func (f *filter) update(lo, hi, r, corr float64, p Params) bool {
 	innov := min(max(f.m, lo), hi) - f.m // a reading moves the estimate only as far as its range forces
 	s := math.Sqrt(f.v + r)
 	z := innov / s
-	zc := z / math.Sqrt(max(corr, 1))
-	f.up = max(0, f.up+zc-1)
-	f.down = max(0, f.down-zc-1)
-	if math.Abs(z) > 2*zSigmas || f.up > 2*zSigmas || f.down > 2*zSigmas {
-		f.m, f.v, f.n, f.up, f.down = f.m+innov, r, 1, 0, 0
-		return true
+	if !bounded {
+		zc := z / math.Sqrt(max(corr, 1))
+		f.up = max(0, f.up+zc-1)
+		f.down = max(0, f.down-zc-1)
+		if math.Abs(z) > 2*zSigmas || f.up > 2*zSigmas || f.down > 2*zSigmas {
+			f.m, f.v, f.n, f.up, f.down = f.m+innov, r, 1, 0, 0
+			return true
+		}
 	}
 	g := f.v / (f.v + r)
 	f.m += g * innov
@@ -141,7 +148,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 			d := min(max(st.speed.m, lo), hi) - st.speed.m
 			residuals = append(residuals, d*d)
 		}
-		st.speed.update(lo, hi, r, e.overlapInflation(), e.params)
+		st.speed.update(lo, hi, r, e.overlapInflation(), e.params, false)
 	}
 	if !keepNoise {
 		e.measureNoise(residuals)
@@ -210,16 +217,18 @@ func (p Params) memory() int { return int(math.Ceil(1 / p.Smoothing)) }
 
 // updateCores folds each pod's cores reading into its cores filter: from
 // its latency (Erlang C) when it has one, else from its node's idle CPU
-// (the ceiling), whose noise the pod's own residuals measure.
+// (the ceiling). The readings' noise is the spread of the pod's recent
+// residuals (see spreadVariance); a reading that restarts the filter
+// showed a change, not noise, and is left out of them.
 func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 	for i, pod := range set {
 		if knownCores(pod) {
 			continue
 		}
 		rd := c.pods[i]
-		seen := rd.cores
+		seen, bounded := rd.cores, rd.coresBounded
 		if !(seen > 0) {
-			seen = rd.nodeCeiling
+			seen, bounded = rd.nodeCeiling, false
 		}
 		if !(seen > 0) {
 			continue
@@ -229,11 +238,12 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 			st.cores, st.coresResiduals, st.coresNode = filter{}, nil, pod.Node
 		}
 		x := math.Log(seen)
-		r := max(robustVariance(st.coresResiduals), e.noise*e.noise)
-		if st.cores.known {
-			st.coresResiduals = appendCapped(st.coresResiduals, x-st.cores.m, e.params.memory())
+		r := max(spreadVariance(st.coresResiduals), e.noise*e.noise)
+		known, d := st.cores.known, x-st.cores.m
+		if st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded) || !known {
+			continue
 		}
-		st.cores.update(x, x, r, e.overlapInflation(), e.params)
+		st.coresResiduals = appendCapped(st.coresResiduals, d, e.params.memory())
 	}
 }
 
@@ -249,6 +259,32 @@ func robustVariance(xs []float64) float64 {
 		abs[i] = math.Abs(x)
 	}
 	return sq(1.4826 * median(abs))
+}
+
+// spreadVariance is the variance of residuals by their interquartile
+// range (1.349 standard deviations for a Gaussian), which needs no centre:
+// an estimate off by a steady amount is off, not noisy, and measured about
+// zero the offset would count as noise and keep the readings that correct
+// it from moving it. Unlike a median absolute deviation, it does not
+// vanish when one value repeats in up to three quarters of the readings,
+// as a cores reading clamped at the pod's ceiling does. 0 for fewer than
+// three.
+func spreadVariance(xs []float64) float64 {
+	if len(xs) < 3 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	return sq((quantile(s, 0.75) - quantile(s, 0.25)) / 1.349)
+}
+
+// quantile is the q quantile of sorted xs, interpolated linearly.
+func quantile(sorted []float64, q float64) float64 {
+	pos := q * float64(len(sorted)-1)
+	i := int(pos)
+	if i+1 >= len(sorted) {
+		return sorted[len(sorted)-1]
+	}
+	return sorted[i] + (pos-float64(i))*(sorted[i+1]-sorted[i])
 }
 
 // appendCapped appends x, keeping the last n.
@@ -381,7 +417,7 @@ func (e *Engine) models(set []Pod) []podModel {
 			m.c = c
 			if st := e.pods[pod.Name]; !knownCores(pod) && st != nil && st.cores.known {
 				m.logVar += st.cores.v
-				m.settledVar += min(st.cores.v, e.params.Smoothing*max(robustVariance(st.coresResiduals), e.noise*e.noise)*inflation)
+				m.settledVar += min(st.cores.v, e.params.Smoothing*max(spreadVariance(st.coresResiduals), e.noise*e.noise)*inflation)
 			} else if !knownCores(pod) {
 				m.logVar += unknownVar
 				m.settledVar += unknownVar

@@ -45,8 +45,11 @@ type reading struct {
 	shareOK          bool
 
 	// cores is what its latency says of the cores of a pod without a
-	// limit (Erlang C), 0 = nothing.
-	cores float64
+	// limit (Erlang C), 0 = nothing. coresBounded: the reading is one of
+	// its bounds (the pod's ceiling or floor, or the cores a wait within
+	// the noise shows), which the latency only says the cores reach.
+	cores        float64
+	coresBounded bool
 	// backlog is the requests queued at the pod beyond its usual queue,
 	// as measured this cycle; capRate the requests per second it can
 	// serve (0 = unknown).
@@ -296,8 +299,11 @@ func readCores(set []Pod, c *cycleReadings, noise float64) {
 		}
 		hi = max(hi, lo)
 		perRequest := r.cpu / r.requests
-		wait := max(r.latency/perRequest-1, noise, minNoise())
-		r.cores = min(max(coresForWait(r.cpu, wait, hi), lo), hi)
+		wait := r.latency/perRequest - 1
+		floor := max(noise, minNoise())
+		seen := coresForWait(r.cpu, max(wait, floor), hi)
+		r.cores = min(max(seen, lo), hi)
+		r.coresBounded = wait <= floor || seen >= hi || seen <= lo
 	}
 }
 
@@ -348,7 +354,13 @@ type backlogMemory struct {
 //     window, is how much its queue grew: the backlog is the one a window
 //     ago plus that growth, when the shortfall stands out of a Poisson
 //     count's and the rates' misalignment's noise by zSigmas. A pod below
-//     its limit whose queue did not grow had idle moments: none.
+//     its limit whose queue did not grow had idle moments: none. A pod at
+//     its limit had none, so its backlog, once started, is followed until
+//     it clears; but a shortfall within the noise starts none there
+//     either: a Poisson count's noise is no queue. (With a scrape interval
+//     a quarter of the window, the misalignment's share, a third of what
+//     the pod was sent, keeps any shortfall from standing out: the queue
+//     is first read from the latency below.)
 //   - Whatever the balancer, by Little's law a pod's latency beyond the
 //     usual shows a queue: requests times the extra wait. The recent
 //     latency that rings the alarm (see alarmed) gives it a cycle, or a
@@ -389,7 +401,7 @@ func readBacklogs(p Params, set []Pod, c *cycleReadings, mem []backlogMemory, fo
 			switch {
 			case r.limit > 0 && !r.saturated && !grew:
 				q = 0
-			case grew || shrank || r.saturated:
+			case grew || shrank || (r.saturated && mem[i].before > 0):
 				q = max(0, mem[i].before+(sent-r.requests)*w)
 			}
 		}

@@ -106,7 +106,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		if obs.Early {
 			e.load.m = max(e.load.m, math.Log(total)) // a rising load is not averaged away
 		} else {
-			e.load.update(math.Log(total), math.Log(total), e.noise*e.noise, e.overlapInflation(), e.params)
+			e.load.update(math.Log(total), math.Log(total), e.noise*e.noise, e.overlapInflation(), e.params, false)
 		}
 	}
 	for i, pod := range set {

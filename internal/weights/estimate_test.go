@@ -1,0 +1,133 @@
+package weights
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// spreadVariance measures the readings' spread, not their distance from
+// the estimate, and survives a value that repeats.
+func TestSpreadVariance(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	gauss := make([]float64, 400)
+	for i := range gauss {
+		gauss[i] = 0.05 * rng.NormFloat64()
+	}
+	shifted := make([]float64, len(gauss))
+	for i, x := range gauss {
+		shifted[i] = x + 0.1 // an estimate 10% off
+	}
+	// Half the readings clamped at the same bound, the others below it.
+	clamped := make([]float64, len(gauss))
+	for i, x := range gauss {
+		clamped[i] = min(x, 0)
+	}
+	for _, tc := range []struct {
+		name   string
+		xs     []float64
+		lo, hi float64 // the standard deviation it must read
+	}{
+		{"gaussian", gauss, 0.045, 0.055},
+		{"offset by twice the spread", shifted, 0.045, 0.055},
+		{"half clamped at one value", clamped, 0.02, 0.05},
+		{"fewer than three", []float64{0.3, -0.3}, 0, 0},
+	} {
+		got := math.Sqrt(spreadVariance(tc.xs))
+		if got < tc.lo || got > tc.hi {
+			t.Errorf("%s: spread %.4f, want %.3f-%.3f", tc.name, got, tc.lo, tc.hi)
+		}
+	}
+	// The measure it replaces for the cores: about zero, the offset counts
+	// as noise; about the median, the clamped half makes it vanish.
+	if got := math.Sqrt(robustVariance(shifted)); got < 0.1 {
+		t.Errorf("about zero the offset should read as noise: %.4f", got)
+	}
+}
+
+// A reading clamped at a bound cannot restart a filter on its own; the
+// same distance measured can.
+func TestBoundedReadingDoesNotRestartAlone(t *testing.T) {
+	p := DefaultParams()
+	r := 1e-4
+	settled := filter{m: 0, v: p.Smoothing * r, known: true, n: 20}
+	for _, bounded := range []bool{false, true} {
+		f := settled
+		restarted := f.update(-0.15, -0.15, r, 1, p, bounded)
+		if restarted == bounded {
+			t.Errorf("bounded %v: restarted %v", bounded, restarted)
+		}
+		if bounded && !(f.m < 0 && f.m > -0.15*p.Smoothing*2) {
+			t.Errorf("bounded: moved to %.4f, want a step of about Smoothing toward -0.15", f.m)
+		}
+	}
+}
+
+// A no-limit pod's cores estimate that starts off (from its node's idle
+// CPU, noisy and 7% high, read before its latency could show its cores)
+// comes to its latency's readings once they outnumber the old ones (the
+// CUSUM restarts it), not at Smoothing's pace: a steady offset is not taken for noise.
+func TestCoresOffsetIsCorrected(t *testing.T) {
+	e := New(DefaultParams())
+	pod := Pod{Name: "p", Node: "n", NodeCores: 16}
+	set := []Pod{pod}
+	rng := rand.New(rand.NewPCG(3, 4))
+	read := func(c reading) { e.updateCores(set, &cycleReadings{pods: []reading{c}}) }
+	for range 10 {
+		read(reading{nodeCeiling: 2.14 * math.Exp(0.07*rng.NormFloat64())})
+	}
+	closest := math.Inf(1)
+	for range 20 { // ten minutes of cycles at 30 s
+		read(reading{cores: 2 * math.Exp(0.02*rng.NormFloat64())})
+		closest = min(closest, math.Abs(math.Exp(e.pods["p"].cores.m)/2-1))
+	}
+	// With the noise measured about the estimate it stays 6.6% off.
+	if closest > 0.01 {
+		t.Errorf("in ten minutes of readings at 2 cores the estimate came no closer than %.1f%%", 100*closest)
+	}
+}
+
+// A pod at its limit serves all it can, so sent minus served is its queue's
+// growth; but a shortfall within a Poisson count's noise starts no backlog
+// there, while one that started is followed until it clears.
+func TestSaturatedBacklogStartsOnlyOnASignificantShortfall(t *testing.T) {
+	p := DefaultParams()
+	p.ScrapeInterval = 0 // rates aligned: only the count's noise
+	w := p.QueryWindow.Seconds()
+	// Ten pods of equal share 0.1; nine keep up and serve 100/s each.
+	reads := func(served float64) *cycleReadings {
+		c := &cycleReadings{fromRequests: true}
+		for i := range 10 {
+			r := reading{hasCPU: true, cpu: 1, hasRequests: true, requests: 100, shareOK: true, shareLo: 0.1, shareHi: 0.1, limit: 2}
+			if i == 0 {
+				r.requests, r.cpu, r.saturated = served, 2, true
+			}
+			c.pods = append(c.pods, r)
+		}
+		return c
+	}
+	set := make([]Pod, 10)
+	for i := range set {
+		set[i] = Pod{Name: string(rune('a' + i))}
+	}
+	for _, tc := range []struct {
+		name   string
+		served float64 // requests/s at the saturated pod, sent 100/s
+		before float64
+		want   func(q float64) bool
+	}{
+		// 0.5/s short over a minute is 30 requests, against a Poisson
+		// spread of about 77: noise. 10/s short is 600, 8 spreads.
+		{"noise, none before", 99.5, 0, func(q float64) bool { return q == 0 }},
+		{"noise, one already", 99.5, 200, func(q float64) bool { return math.Abs(q-(200+0.5*w)) < 1e-6 }},
+		{"a real shortfall", 90, 0, func(q float64) bool { return math.Abs(q-10*w) < 1e-6 }},
+	} {
+		c := reads(tc.served)
+		mem := make([]backlogMemory, 10)
+		mem[0].before = tc.before
+		readBacklogs(p, set, c, mem, true)
+		if q := c.pods[0].backlog; !tc.want(q) {
+			t.Errorf("%s: backlog %.1f", tc.name, q)
+		}
+	}
+}
