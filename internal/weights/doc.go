@@ -29,10 +29,11 @@
 //     (and one over log cores for a pod without a limit): a mean and a
 //     variance. The readings' noise is measured from the residuals (for
 //     cores, their spread, so an estimate that is off is not taken for
-//     noise); a change that persists (a CUSUM of innovations) or a jump restarts the
-//     filter with a wide variance, so the estimate moves fast, then
-//     settles to Smoothing per reading. A censored reading is a truncated
-//     update (Tobit), backing off below the bound by the gap it found.
+//     noise); a change that persists (a CUSUM of innovations) or a jump
+//     restarts the filter with a wide variance, so the estimate moves
+//     fast, then settles to Smoothing per reading. A censored reading is a
+//     truncated update (Tobit), backing off below the bound by the gap it
+//     found.
 //  3. decide (decide.go): one solver. Minimise sum x_i T_i(x_i) subject to
 //     sum x_i = load and x_i <= maxUtilisation mu_i, T_i the mean time of
 //     an M/M/c queue of the pod's cores and speed (Sakasegawa's

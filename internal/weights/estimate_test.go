@@ -66,7 +66,8 @@ func TestBoundedReadingDoesNotRestartAlone(t *testing.T) {
 // A no-limit pod's cores estimate that starts off (from its node's idle
 // CPU, noisy and 7% high, read before its latency could show its cores)
 // comes to its latency's readings once they outnumber the old ones (the
-// CUSUM restarts it), not at Smoothing's pace: a steady offset is not taken for noise.
+// CUSUM restarts it), not at Smoothing's pace: a steady offset is not
+// taken for noise.
 func TestCoresOffsetIsCorrected(t *testing.T) {
 	e := New(DefaultParams())
 	pod := Pod{Name: "p", Node: "n", NodeCores: 16}
