@@ -67,6 +67,9 @@ type podState struct {
 	cores          filter
 	coresResiduals []float64 // the readings' distances from the estimate
 	coresNode      string
+	// coresSettled: the first cores reading starts a settled estimate,
+	// not a fresh one (SeedSettled: the engine before had learned it).
+	coresSettled bool
 	// blind: CPU alone cannot show this pod's overload (see markBlind).
 	blind bool
 	seen  time.Time

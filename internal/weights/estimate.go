@@ -240,7 +240,12 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		x := math.Log(seen)
 		r := max(spreadVariance(st.coresResiduals), e.noise*e.noise)
 		known, d := st.cores.known, x-st.cores.m
-		if st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded) || !known {
+		restarted := st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded)
+		if !known && st.coresSettled {
+			st.cores.v, st.cores.n = e.params.Smoothing*r, e.params.memory()
+		}
+		st.coresSettled = false
+		if restarted || !known {
 			continue
 		}
 		st.coresResiduals = appendCapped(st.coresResiduals, d, e.params.memory())

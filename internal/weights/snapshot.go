@@ -59,7 +59,12 @@ func (s Snapshot) Similar(o Snapshot) bool {
 // cycle with data takes the capacities that make them the solver's answer
 // at the load it measures, and their variances are those of estimates
 // that have settled (a settled filter's variance is Smoothing times a
-// reading's), with the noise s measured restored. Noise then moves
+// reading's), with the noise s measured restored. The live weights do not
+// show a pod's cores apart from its speed, so a pod without a CPU limit
+// takes its cores from its first reading, as a settled estimate too: the
+// engine before had learned them, and an estimate resting on one fresh
+// reading would not be confident enough for Learned, which would flip the
+// mesh to LEAST_REQUEST and back on every restart. Noise then moves
 // nothing, as it moved nothing for the manager before; a real change is
 // still found by the CUSUM and jump tests. An invalid s (none persisted
 // yet) leaves the noise at its prior.
@@ -75,6 +80,7 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 	for name := range w {
 		if st := e.pods[name]; st != nil {
 			st.speed.n = e.params.memory()
+			st.coresSettled = true
 		}
 	}
 	e.calibrate = true
