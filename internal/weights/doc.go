@@ -53,7 +53,8 @@
 // Result.Learned says the estimates are confident (their standard
 // deviation within the dead band) for the pods carrying all the traffic
 // but what the cap's headroom could absorb (1-maxUtilisation, 7%), and no
-// pod is behind: until then the operator keeps
+// pod is behind (a no-limit pod's cores resting on one reading are not yet
+// confident): until then the operator keeps
 // LEAST_REQUEST. Result.Reasons says why, as typed codes (reasons.go);
 // Result.Message renders them.
 //

@@ -422,6 +422,14 @@ func (e *Engine) models(set []Pod) []podModel {
 			m.c = c
 			if st := e.pods[pod.Name]; !knownCores(pod) && st != nil && st.cores.known {
 				m.logVar += st.cores.v
+				if st.cores.n < 2 {
+					// One reading is not yet confidence: it cannot be told
+					// from a passing queue or a window the balancer shaped,
+					// and its variance is the speed readings' noise, not
+					// this pod's own (that needs residuals). Learned waits
+					// for a second; the bar's settled variance is untouched.
+					m.logVar += unknownVar
+				}
 				m.settledVar += min(st.cores.v, e.params.Smoothing*max(spreadVariance(st.coresResiduals), e.noise*e.noise)*inflation)
 			} else if !knownCores(pod) {
 				m.logVar += unknownVar

@@ -132,3 +132,31 @@ func TestSaturatedBacklogStartsOnlyOnASignificantShortfall(t *testing.T) {
 		}
 	}
 }
+
+// A no-limit pod's cores estimate that rests on one reading (the first, or
+// the first after a restart of its filter) is not confidence for Learned;
+// after a second reading it is. The publish bar's settled variance does not
+// change with it.
+func TestOneCoresReadingIsNotConfidence(t *testing.T) {
+	pod := Pod{Name: "p", Node: "n", CPURequest: 1, NodeCores: 4}
+	e := New(DefaultParams())
+	st := e.state(pod.Name)
+	st.speed = filter{m: 0, v: 1e-5, known: true, n: 20}
+	st.fromData = true
+	st.coresNode = pod.Node
+	r := e.noise * e.noise
+	st.cores = filter{}
+	st.cores.update(math.Log(2), math.Log(2), r, 1, e.params, false)
+	one := e.models([]Pod{pod})[0]
+	if math.Sqrt(one.logVar) <= e.params.DeadBand {
+		t.Errorf("one cores reading: sd %.4f within the dead band %.2f", math.Sqrt(one.logVar), e.params.DeadBand)
+	}
+	st.cores.update(math.Log(2), math.Log(2), r, 1, e.params, false)
+	two := e.models([]Pod{pod})[0]
+	if math.Sqrt(two.logVar) > e.params.DeadBand {
+		t.Errorf("two cores readings: sd %.4f past the dead band %.2f", math.Sqrt(two.logVar), e.params.DeadBand)
+	}
+	if one.settledVar != two.settledVar {
+		t.Errorf("the bar's variance moved with the count: %g -> %g", one.settledVar, two.settledVar)
+	}
+}
