@@ -167,3 +167,31 @@ func TestSettledCycleIsOwnTargets(t *testing.T) {
 		t.Fatalf("settled at %d after a late move, want -1", got)
 	}
 }
+
+// After settling, the switch into ROUND_ROBIN that ends the opt-in's
+// learning spell is convergence; a spell after it counts, as do writes.
+func TestLateChangesSkipTheEndOfLearning(t *testing.T) {
+	s := &sim{learnedCycle: -1, lb: lbWLR}
+	for _, step := range []struct {
+		cycle int
+		lb    lbMode
+	}{{5, lbWRR}, {10, lbWLR}, {12, lbWRR}} {
+		s.cycleIdx = step.cycle
+		s.setLB(step.lb)
+	}
+	s.writeCycles = []int{1, 2, 4, 9}
+	if w, sw := s.lateChanges(3); w != 2 || sw != 2 {
+		t.Errorf("settled at 3, learned at 5: %d writes, %d switches after; want 2, 2", w, sw)
+	}
+	if w, sw := s.lateChanges(11); w != 0 || sw != 1 {
+		t.Errorf("settled at 11: %d writes, %d switches after; want 0, 1", w, sw)
+	}
+	// A run whose first change was out of ROUND_ROBIN has no learning
+	// spell to end: every change after settling counts.
+	r := &sim{learnedCycle: -1, lb: lbWRR}
+	r.cycleIdx = 5
+	r.setLB(lbWLR)
+	if _, sw := r.lateChanges(3); sw != 1 {
+		t.Errorf("a first change into LEAST_REQUEST: %d switches after, want 1", sw)
+	}
+}

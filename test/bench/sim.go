@@ -297,10 +297,14 @@ type sim struct {
 	// writeCycles and switchCycles: the regular cycle (index) of each weight
 	// change sent to the clients and of each load-balancer change.
 	writeCycles, switchCycles []int
-	modes                     map[string]int
-	notes                     []string
-	inEvent                   bool // a scenario event rebuilds the clients once at its end
-	trace                     io.Writer
+	// learnedCycle: the cycle of the run's first balancer change when it
+	// was into ROUND_ROBIN (the end of the opt-in's learning spell), -1
+	// before or without one.
+	learnedCycle int
+	modes        map[string]int
+	notes        []string
+	inEvent      bool // a scenario event rebuilds the clients once at its end
+	trace        io.Writer
 }
 
 const (
@@ -318,21 +322,22 @@ func splitmix(x uint64) uint64 {
 
 func newSim(sc *Scenario, def strategyDef) *sim {
 	s := &sim{
-		sc:          sc,
-		def:         def,
-		warmup:      sc.Warmup.Seconds(),
-		end:         sc.Duration.Seconds(),
-		afterT:      math.Inf(1),
-		byName:      map[string]int32{},
-		workMean:    sc.Work.Mean.Seconds(),
-		lognormal:   sc.Work.Distribution == "lognormal",
-		scrapeEvery: sc.Prometheus.ScrapeInterval.Seconds(),
-		rateWindow:  sc.Prometheus.RateWindow.Seconds(),
-		cycleLen:    sc.Cycle.Seconds(),
-		orcaWindow:  sc.ReportWindow.Seconds(),
-		lat:         newHistogram(),
-		modes:       map[string]int{},
-		lb:          def.lb,
+		sc:           sc,
+		def:          def,
+		warmup:       sc.Warmup.Seconds(),
+		end:          sc.Duration.Seconds(),
+		afterT:       math.Inf(1),
+		byName:       map[string]int32{},
+		workMean:     sc.Work.Mean.Seconds(),
+		lognormal:    sc.Work.Distribution == "lognormal",
+		scrapeEvery:  sc.Prometheus.ScrapeInterval.Seconds(),
+		rateWindow:   sc.Prometheus.RateWindow.Seconds(),
+		cycleLen:     sc.Cycle.Seconds(),
+		orcaWindow:   sc.ReportWindow.Seconds(),
+		lat:          newHistogram(),
+		modes:        map[string]int{},
+		lb:           def.lb,
+		learnedCycle: -1,
 	}
 	if sc.PerMinute {
 		n := int(math.Ceil((s.end - s.warmup) / 60))
@@ -764,6 +769,9 @@ func (s *sim) setLB(lb lbMode) {
 		return
 	}
 	s.lb = lb
+	if s.switches == 0 && lb == lbWRR {
+		s.learnedCycle = s.cycleIdx
+	}
 	s.switches++
 	s.switchCycles = append(s.switchCycles, s.cycleIdx)
 	for ci := range s.clients {
@@ -1109,6 +1117,25 @@ func (s *sim) settledCycle() int {
 	return settled
 }
 
+// lateChanges counts the weight writes after the settled cycle, and the
+// balancer changes after it and after the one that ended the opt-in's
+// learning spell: that switch is the balancer converging, not a change
+// after convergence.
+func (s *sim) lateChanges(settled int) (writes, switches int) {
+	for _, c := range s.writeCycles {
+		if c > settled {
+			writes++
+		}
+	}
+	converged := max(settled, s.learnedCycle)
+	for _, c := range s.switchCycles {
+		if c > converged {
+			switches++
+		}
+	}
+	return writes, switches
+}
+
 // settleCycles: shares must hold for this many cycles before the run's end
 // to count as settled (one is no evidence; two show a repeat).
 const settleCycles = 2
@@ -1133,8 +1160,10 @@ type StrategyResult struct {
 	// within 5% of the strategy's own final share; -1 never, or no weights.
 	SettledCycle int `json:"settled_cycle"`
 	// Writes: weight changes sent to the clients (ServiceEntry writes);
-	// WritesAfterSettled and SwitchesAfterSettled count those in cycles
-	// after SettledCycle (a calm control plane makes none).
+	// WritesAfterSettled counts those in cycles after SettledCycle,
+	// SwitchesAfterSettled the balancer changes after it and after the
+	// change that ended the opt-in's learning spell (a calm control plane
+	// makes none).
 	Writes               int      `json:"writes"`
 	WritesAfterSettled   int      `json:"writes_after_settled"`
 	SwitchesAfterSettled int      `json:"switches_after_settled"`
@@ -1177,16 +1206,7 @@ func (s *sim) result(elapsed time.Duration) StrategyResult {
 		Notes:          s.notes,
 	}
 	if r.SettledCycle >= 0 {
-		for _, c := range s.writeCycles {
-			if c > r.SettledCycle {
-				r.WritesAfterSettled++
-			}
-		}
-		for _, c := range s.switchCycles {
-			if c > r.SettledCycle {
-				r.SwitchesAfterSettled++
-			}
-		}
+		r.WritesAfterSettled, r.SwitchesAfterSettled = s.lateChanges(r.SettledCycle)
 	}
 	if len(s.modes) > 0 {
 		r.Modes = s.modes
