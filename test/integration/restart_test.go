@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -39,10 +41,18 @@ type noisyFleet struct {
 	ipPod  map[string]string
 	mu     sync.Mutex
 	rng    *rand.Rand
+	// nodeCPU: the pods have no CPU limit, each on a node of its own, and
+	// the node CPU query is answered (the pod's CPU plus a steady half core
+	// of the node's other work); the latency query gets no data.
+	nodeCPU bool
 }
 
 func (f *noisyFleet) Query(ctx context.Context, tmpl string, t promsource.Target, _ time.Time) (promsource.Result, error) {
 	requests := tmpl == promsource.DefaultRequestQuery
+	node := tmpl == promsource.DefaultNodeCPUQuery
+	if f.nodeCPU && tmpl == promsource.DefaultLatencyQuery {
+		return promsource.Result{Values: map[string]float64{}, Query: "fake", Chunks: 1}, nil
+	}
 	se := &istionet.ServiceEntry{}
 	if err := f.c.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: f.se}, se); err != nil {
 		return promsource.Result{}, &promsource.UnreachableError{URL: "fake", Err: err}
@@ -58,9 +68,12 @@ func (f *noisyFleet) Query(ctx context.Context, tmpl string, t promsource.Target
 	for _, e := range se.Spec.Endpoints {
 		pod := f.ipPod[e.Address]
 		rps := offered * float64(e.Weight) / total
-		if requests {
+		switch {
+		case requests:
 			res.Values[pod] = rps // counted exactly by the sidecars
-		} else {
+		case node && f.nodeCPU:
+			res.Values[pod] = rps*work/f.speed[pod] + 0.5
+		default:
 			res.Values[pod] = rps * work / f.speed[pod] * (1 + 0.4*(f.rng.Float64()-0.5))
 		}
 	}
@@ -71,7 +84,16 @@ func (f *noisyFleet) Query(ctx context.Context, tmpl string, t promsource.Target
 // manager writes nothing in steady state; a new manager (new book, new
 // engine) started from the persisted state must write nothing either in
 // its first 5 cycles, where one without it made 2-3 moves of 30-46%.
-func TestRestartKeepsTheLearnedState(t *testing.T) {
+func TestRestartKeepsTheLearnedState(t *testing.T) { testRestart(t, false) }
+
+// TestRestartKeepsRoundRobinWithoutCPULimits: the same with pods without
+// a CPU limit, whose cores are learned from their nodes' CPU: the
+// restarted manager also keeps the DestinationRule on ROUND_ROBIN, where
+// one that took a pod's cores from a single fresh reading flipped it to
+// LEAST_REQUEST on its first cycle.
+func TestRestartKeepsRoundRobinWithoutCPULimits(t *testing.T) { testRestart(t, true) }
+
+func testRestart(t *testing.T, noLimits bool) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
 	api, err := harness.StartAPIServer()
 	if err != nil {
@@ -86,20 +108,39 @@ func TestRestartKeepsTheLearnedState(t *testing.T) {
 	ns := "shop"
 	speeds := []float64{1, 1, 1, 0.6, 0.6, 0.6, 0.35, 0.35, 0.35}
 	fleet := &noisyFleet{c: c, ns: ns, se: "api-adaptive", speed: map[string]float64{}, ipPod: map[string]string{},
-		rng: rand.New(rand.NewPCG(1, 2))}
-	objs := []client.Object{Namespace(ns), Node("node-1", "r", "z", "", "m5.large"),
-		Service(ns, "api", ServicePort("http", 80, intstr.FromInt32(8080)))}
+		rng: rand.New(rand.NewPCG(1, 2)), nodeCPU: noLimits}
+	objs := []client.Object{Namespace(ns), Service(ns, "api", ServicePort("http", 80, intstr.FromInt32(8080)))}
+	var nodes []*corev1.Node
 	var eps []Endpoint
 	for i, s := range speeds {
 		name := "api-" + string(rune('a'+i))
 		fleet.speed[name], fleet.ipPod[IP(30, i+1)] = s, name
-		objs = append(objs, Pod(ns, name, "api", "node-1", WithSidecar(), WithCPULimit("2")))
-		eps = append(eps, Ready(name, IP(30, i+1), "node-1"))
+		node, cpu := "node-1", WithCPULimit("2")
+		if noLimits {
+			// A node of 3 cores each, the pod requesting 1 (so between
+			// 1 and 3 cores).
+			node, cpu = fmt.Sprintf("node-%d", i+1), WithCPURequest("1")
+		}
+		if i == 0 || noLimits {
+			n := Node(node, "r", "z", "", "m5.large")
+			nodes = append(nodes, n)
+			objs = append(objs, n)
+		}
+		objs = append(objs, Pod(ns, name, "api", node, WithSidecar(), cpu))
+		eps = append(eps, Ready(name, IP(30, i+1), node))
 	}
 	objs = append(objs, EndpointSlice(ns, "api-1", "api", []SlicePort{{Name: "http", Port: 8080}}, eps...), Optimizer(ns, "api", "api"))
 	for _, o := range objs {
 		if err := c.Create(ctx, o); err != nil {
 			t.Fatalf("create %T: %v", o, err)
+		}
+	}
+	if noLimits {
+		for _, n := range nodes {
+			n.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3")}
+			if err := c.Status().Update(ctx, n); err != nil {
+				t.Fatalf("node %s allocatable: %v", n.Name, err)
+			}
 		}
 	}
 
@@ -155,6 +196,13 @@ func TestRestartKeepsTheLearnedState(t *testing.T) {
 		}
 		return se.Generation
 	}
+	balancer := func() (string, int64) {
+		dr := &istionet.DestinationRule{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "api-adaptive"}, dr); err != nil {
+			t.Fatal(err)
+		}
+		return dr.Spec.GetTrafficPolicy().GetLoadBalancer().GetSimple().String(), dr.Generation
+	}
 
 	// The long-running manager: learns, then holds still on noise.
 	m, stop := startManager()
@@ -164,7 +212,11 @@ func TestRestartKeepsTheLearnedState(t *testing.T) {
 	if g := seGeneration(); g != gen {
 		t.Fatalf("the long-running manager wrote the ServiceEntry %d times in 10 steady cycles; the test needs a steady state", g-gen)
 	}
+	lb, drGen := balancer()
 	stop()
+	if noLimits && lb != "ROUND_ROBIN" {
+		t.Fatalf("the long-running manager's DestinationRule is on %s; the test needs ROUND_ROBIN", lb)
+	}
 	opt := getOpt(t, c, ns)
 	if opt.Annotations[controllers.AnnotationLearnedState] == "" {
 		t.Fatalf("no learned state persisted on the optimizer")
@@ -177,6 +229,9 @@ func TestRestartKeepsTheLearnedState(t *testing.T) {
 	stop()
 	if g := seGeneration(); g != gen {
 		t.Errorf("the restarted manager wrote the ServiceEntry %d times in its first 5 cycles, want 0", g-gen)
+	}
+	if lb2, g := balancer(); lb2 != lb || g != drGen {
+		t.Errorf("the restarted manager wrote the DestinationRule %d times in its first 5 cycles (%s, then %s), want 0", g-drGen, lb, lb2)
 	}
 
 	// For comparison, a restart without the persisted state (logged only).
