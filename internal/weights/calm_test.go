@@ -173,11 +173,12 @@ func TestSteadyServiceWritesNothing(t *testing.T) {
 }
 
 // After a restart (seeded from the persisted snapshot, as the operator
-// does) nothing is written in the first five cycles, whichever of the optional queries answer (request rates,
-// latency, node CPU), latency switched off included; and an engine that
-// had learned stays Learned, so the operator keeps ROUND_ROBIN (a flip to
-// LEAST_REQUEST and back is two DestinationRule writes, each rebuilding
-// the cluster in every client sidecar).
+// does) nothing is written in the first five cycles, whichever of the
+// optional queries answer (request rates, latency, node CPU), latency
+// switched off included; and an engine that had learned stays Learned, so
+// the operator keeps ROUND_ROBIN (a flip to LEAST_REQUEST and back is two
+// DestinationRule writes, each rebuilding the cluster in every client
+// sidecar).
 func TestRestartWritesNothingWhateverTheQueries(t *testing.T) {
 	for _, limited := range []bool{true, false} {
 		for mask := range 16 {
