@@ -109,6 +109,10 @@ test-generated: controller-gen ## Fail if the committed CRDs, RBAC or deepcopy c
 bench: ## Run the side-by-side balancing benchmark on every shipped scenario.
 	go run ./test/bench $(BENCH_ARGS)
 
+.PHONY: bench-probes
+bench-probes: ## Run the probes: scenarios that show known limits (each file's own seed; no baseline, no guard).
+	go run ./test/bench --all test/bench/probes
+
 .PHONY: bench-docs
 bench-docs: ## Regenerate docs/benchmarks.md and the README's figures from one run of the bench over BENCH_DOCS_SEEDS.
 	go run ./test/bench --all test/bench/scenarios --seeds $(BENCH_DOCS_SEEDS) --markdown docs/benchmarks.md --readme README.md

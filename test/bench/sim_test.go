@@ -402,7 +402,11 @@ func TestShippedScenariosParse(t *testing.T) {
 	if len(files) < 6 {
 		t.Fatalf("only %d shipped scenarios", len(files))
 	}
-	for _, f := range files {
+	probes, _ := filepath.Glob("probes/*.yaml")
+	if len(probes) == 0 {
+		t.Fatal("no probes (make bench-probes runs them)")
+	}
+	for _, f := range append(files, probes...) {
 		if _, err := LoadScenario(f); err != nil {
 			t.Error(err)
 		}
