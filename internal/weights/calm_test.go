@@ -430,3 +430,38 @@ func TestSnapshotStillUnderCycleJitter(t *testing.T) {
 		}
 	}
 }
+
+// The publish bar does not swing with the policy's jitter: one gap between
+// cycles 7.5 s short and the next 7.5 s long (half a 15 s scrape either
+// way) moves the overlap of consecutive windows, but the estimates average
+// over many readings, so the bar follows the mean gap. Before, it followed
+// the last one and swung by a factor of two from one cycle to the next, and
+// a gain that crept up passed it at a dip.
+func TestBarHoldsUnderCycleJitter(t *testing.T) {
+	s := newService(t, true, 0.8, 4)
+	s.noisy, s.noise = "cpu", 0.05
+	gaps := []time.Duration{22500 * time.Millisecond, 37500 * time.Millisecond}
+	cycle := func(k int) Result {
+		s.now = s.now.Add(gaps[k%2])
+		return s.apply(s.e.Update(s.pods, s.observe(1)))
+	}
+	for k := range 100 {
+		cycle(k)
+	}
+	prev := 0.0
+	for k := range 60 {
+		bar := 0.0
+		for _, r := range cycle(k).Reasons {
+			if r.Code == ReasonSteady || r.Code == ReasonMoved {
+				bar = r.Bar
+			}
+		}
+		if !(bar > 0) {
+			t.Fatalf("cycle %d: no bar in the reasons", k)
+		}
+		if prev > 0 && math.Abs(bar/prev-1) > 0.25 {
+			t.Fatalf("cycle %d: the bar moved from %.4g to %.4g with the gap alone", k, prev, bar)
+		}
+		prev = bar
+	}
+}

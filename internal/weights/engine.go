@@ -44,10 +44,9 @@ type Engine struct {
 	load filter
 
 	started     bool
-	lastGood    time.Time     // last observation with data; starts the expiry clock
-	recoveredAt time.Time     // first observation with data after a spell without
-	lastUpdate  time.Time     // last regular cycle with data
-	cycle       time.Duration // the gap before the last regular cycle
+	lastGood    time.Time // last observation with data; starts the expiry clock
+	recoveredAt time.Time // first observation with data after a spell without
+	lastUpdate  time.Time // last regular cycle with data
 	// meanCycle is the mean gap between regular cycles over the
 	// estimates' memory (gaps counts them, up to it): what Snapshot
 	// persists. One gap moves with the policy's jitter (up to a scrape

@@ -501,11 +501,13 @@ func median(xs []float64) float64 {
 // consecutive readings share data: a 1m rate read every 30s sees half of
 // the previous window again, so its errors are correlated (an AR(1) with
 // rho the shared fraction, whose averages' variance grows by
-// (1+rho)/(1-rho)).
+// (1+rho)/(1-rho)). The averages span many readings, so rho is that of
+// the mean gap: one gap moves with the policy's jitter, which would make
+// the publish stage's bar swing by a third from one cycle to the next.
 func (e *Engine) overlapInflation() float64 {
-	if e.cycle <= 0 {
+	if e.meanCycle <= 0 {
 		return 1
 	}
-	rho := min(max(1-float64(e.cycle)/float64(e.params.QueryWindow), 0), 0.9)
+	rho := min(max(1-float64(e.meanCycle)/float64(e.params.QueryWindow), 0), 0.9)
 	return (1 + rho) / (1 - rho)
 }

@@ -73,7 +73,7 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 		e.noise = min(max(s.Noise, minNoise()), 0.5)
 		e.noiseCycles = min(s.NoiseCycles, e.params.memory())
 		if c := time.Duration(s.CycleSeconds * float64(time.Second)); c > 0 && !math.IsInf(s.CycleSeconds, 0) {
-			e.cycle, e.meanCycle, e.gaps = c, c, e.params.memory()
+			e.meanCycle, e.gaps = c, e.params.memory()
 		}
 	}
 	e.seed(now, w, e.params.Smoothing*e.noise*e.noise)

@@ -112,8 +112,8 @@ func TestSnapshotValidAndSimilar(t *testing.T) {
 func TestSeedSettledIgnoresAnInvalidSnapshot(t *testing.T) {
 	e := New(DefaultParams())
 	e.SeedSettled(time.Unix(0, 0), map[string]uint32{"a": 100, "b": 200}, Snapshot{Noise: math.Inf(1), NoiseCycles: -3, CycleSeconds: math.Inf(1)})
-	if e.noise != minNoise() || e.noiseCycles != 0 || e.cycle != 0 {
-		t.Errorf("noise %v cycles %d cycle %v after an invalid snapshot", e.noise, e.noiseCycles, e.cycle)
+	if e.noise != minNoise() || e.noiseCycles != 0 || e.meanCycle != 0 {
+		t.Errorf("noise %v cycles %d mean cycle %v after an invalid snapshot", e.noise, e.noiseCycles, e.meanCycle)
 	}
 	if e.pods["a"].speed.v >= 1 {
 		t.Error("seeded pods not settled")

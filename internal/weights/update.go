@@ -82,9 +82,8 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		gap := !e.recoveredAt.IsZero() && now.Sub(e.recoveredAt) < e.params.horizon()
 		learnedFrom = e.estimate(set, &c, gap)
 		if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
-			e.cycle = now.Sub(e.lastUpdate)
 			e.gaps = min(e.gaps+1, e.params.memory())
-			e.meanCycle += (e.cycle - e.meanCycle) / time.Duration(e.gaps)
+			e.meanCycle += (now.Sub(e.lastUpdate) - e.meanCycle) / time.Duration(e.gaps)
 		}
 		e.lastUpdate = now
 	}
