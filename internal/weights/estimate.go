@@ -503,7 +503,8 @@ func median(xs []float64) float64 {
 // rho the shared fraction, whose averages' variance grows by
 // (1+rho)/(1-rho)). The averages span many readings, so rho is that of
 // the mean gap: one gap moves with the policy's jitter, which would make
-// the publish stage's bar swing by a third from one cycle to the next.
+// the publish stage's bar swing by up to a factor of two from one cycle to
+// the next.
 func (e *Engine) overlapInflation() float64 {
 	if e.meanCycle <= 0 {
 		return 1
