@@ -116,8 +116,12 @@ func (s *service) observe(recentFactor float64) Observation {
 }
 
 // step advances one 30 s cycle, updates and applies.
-func (s *service) step() Result {
-	s.now = s.now.Add(30 * time.Second)
+func (s *service) step() Result { return s.stepAfter(30 * time.Second) }
+
+// stepAfter runs the next regular cycle gap after the last, updates and
+// applies.
+func (s *service) stepAfter(gap time.Duration) Result {
+	s.now = s.now.Add(gap)
 	return s.apply(s.e.Update(s.pods, s.observe(1)))
 }
 
@@ -407,8 +411,7 @@ func TestSnapshotStillUnderCycleJitter(t *testing.T) {
 		s.noisy, s.noise = "cpu", 0.05
 		r := rand.New(rand.NewPCG(seed, 7))
 		cycle := func() {
-			s.now = s.now.Add(30*time.Second + time.Duration((r.Float64()-0.5)*float64(15*time.Second)))
-			s.apply(s.e.Update(s.pods, s.observe(1)))
+			s.stepAfter(30*time.Second + time.Duration((r.Float64()-0.5)*float64(15*time.Second)))
 		}
 		for range 40 {
 			cycle()
@@ -441,17 +444,13 @@ func TestBarHoldsUnderCycleJitter(t *testing.T) {
 	s := newService(t, true, 0.8, 4)
 	s.noisy, s.noise = "cpu", 0.05
 	gaps := []time.Duration{22500 * time.Millisecond, 37500 * time.Millisecond}
-	cycle := func(k int) Result {
-		s.now = s.now.Add(gaps[k%2])
-		return s.apply(s.e.Update(s.pods, s.observe(1)))
-	}
 	for k := range 100 {
-		cycle(k)
+		s.stepAfter(gaps[k%2])
 	}
 	prev := 0.0
 	for k := range 60 {
 		bar := 0.0
-		for _, r := range cycle(k).Reasons {
+		for _, r := range s.stepAfter(gaps[k%2]).Reasons {
 			if r.Code == ReasonSteady || r.Code == ReasonMoved {
 				bar = r.Bar
 			}

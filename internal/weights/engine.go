@@ -49,8 +49,9 @@ type Engine struct {
 	lastUpdate  time.Time // last regular cycle with data
 	// meanCycle is the mean gap between regular cycles over the
 	// estimates' memory (gaps counts them, up to it): what Snapshot
-	// persists. One gap moves with the policy's jitter (up to a scrape
-	// interval between two gaps); the mean hardly does.
+	// persists and the windows' overlap is taken from (overlapInflation).
+	// One gap moves with the policy's jitter (up to a scrape interval
+	// between two gaps); the mean hardly does.
 	meanCycle   time.Duration
 	gaps        int
 	mode        Mode
