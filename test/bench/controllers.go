@@ -23,10 +23,10 @@ func oracleWeights(s *sim) []float64 {
 	return w
 }
 
-func (oracleCtl) start(s *sim)                 { s.publish(oracleWeights(s)) }
-func (oracleCtl) cycle(*sim)                   {}
-func (oracleCtl) podsChanged(s *sim)           { s.publish(oracleWeights(s)) }
-func (oracleCtl) speedChanged(s *sim, _ int32) { s.publish(oracleWeights(s)) }
+func (oracleCtl) start(s *sim)        { s.publish(oracleWeights(s)) }
+func (oracleCtl) cycle(*sim)          {}
+func (oracleCtl) podsChanged(s *sim)  { s.publish(oracleWeights(s)) }
+func (oracleCtl) truthChanged(s *sim) { s.publish(oracleWeights(s)) }
 
 // cpuSignals reads rate(cpu[window]) for every host; NaN when no data.
 func cpuSignals(s *sim) []float64 {
@@ -128,7 +128,7 @@ func (c *seedDevCtl) podsChanged(s *sim) {
 	s.publish(slices.Clone(c.w))
 }
 
-func (c *seedDevCtl) speedChanged(*sim, int32) {}
+func (c *seedDevCtl) truthChanged(*sim) {}
 
 // seedMainCtl is the seed operator's "main" rule, every cycle:
 //
@@ -213,7 +213,7 @@ func (c *seedMainCtl) podsChanged(s *sim) {
 	s.publish(slices.Clone(c.w))
 }
 
-func (c *seedMainCtl) speedChanged(*sim, int32) {}
+func (c *seedMainCtl) truthChanged(*sim) {}
 
 // median of a copy; the mean of the two middle values for an even count.
 func median(v []float64) float64 {

@@ -223,7 +223,7 @@ func (o *optimizerCtl) podsChanged(s *sim) {
 	}
 }
 
-func (o *optimizerCtl) speedChanged(*sim, int32) {}
+func (o *optimizerCtl) truthChanged(*sim) {}
 
 // simSource answers the operator's queries from the simulated Prometheus.
 type simSource struct {

@@ -111,6 +111,7 @@ const (
 	EventSetSpeed   = "set_speed"
 	EventAddPods    = "add_pods"
 	EventRemovePods = "remove_pods"
+	EventSetLoad    = "set_load"
 )
 
 // Event is a change during the run.
@@ -124,6 +125,9 @@ type Event struct {
 	Pods []PodGroup `json:"pods,omitempty"`
 	// remove_pods: pod names; their in-flight and queued requests finish.
 	Names []string `json:"names,omitempty"`
+	// set_load: the new offered load, as a fraction of the initial
+	// capacity (like Scenario.Load).
+	Load float64 `json:"load,omitempty"`
 }
 
 // PromConfig is the simulated Prometheus.
@@ -356,8 +360,12 @@ func (sc *Scenario) defaultAndValidate() error {
 			if len(live) == 0 {
 				bad("%s: removes every pod", where)
 			}
+		case EventSetLoad:
+			if !(ev.Load > 0) || math.IsInf(ev.Load, 0) {
+				bad("%s: load must be positive", where)
+			}
 		default:
-			bad("%s: type %q: want %s, %s or %s", where, ev.Type, EventSetSpeed, EventAddPods, EventRemovePods)
+			bad("%s: type %q: want %s, %s, %s or %s", where, ev.Type, EventSetSpeed, EventAddPods, EventRemovePods, EventSetLoad)
 		}
 	}
 	for _, s := range sc.Strategies {

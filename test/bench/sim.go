@@ -231,7 +231,9 @@ type controller interface {
 	start(s *sim)
 	cycle(s *sim)
 	podsChanged(s *sim)
-	speedChanged(s *sim, pod int32)
+	// truthChanged: a pod's speed or the offered load changed (an event);
+	// the oracles, which know both, publish again.
+	truthChanged(s *sim)
 }
 
 // scheduler is a controller whose own policy decides when its cycles and
@@ -804,11 +806,19 @@ func (s *sim) publish(w []float64) {
 
 func (s *sim) applyEvent(ev *Event) {
 	switch ev.Type {
+	case EventSetLoad:
+		// From each client's next arrival on (the one already drawn keeps
+		// the old rate).
+		s.lambdaC = ev.Load * s.sc.initialCapacity() / float64(len(s.clients))
+		if s.ctl != nil {
+			s.ctl.truthChanged(s)
+		}
+		return
 	case EventSetSpeed:
 		h := s.byName[ev.Pod]
 		s.pods[h].speed = ev.Speed
 		if s.ctl != nil {
-			s.ctl.speedChanged(s, h)
+			s.ctl.truthChanged(s)
 		}
 		return
 	case EventAddPods:

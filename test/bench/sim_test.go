@@ -390,10 +390,39 @@ func TestScenarioParsing(t *testing.T) {
 		`{"pods":[{"name":"a"}],"load":0,"duration":"60s","work":{"mean":"5ms"}}`,
 		`{"pods":[{"name":"a"}],"load":0.5,"duration":"60s","work":{"mean":"5ms"},"events":[{"at":"10s","type":"set_speed","pod":"nope","speed":1}]}`,
 		`{"pods":[{"name":"a"}],"load":0.5,"duration":"60s","work":{"mean":"5ms"},"strategies":["nope"]}`,
+		`{"pods":[{"name":"a"}],"load":0.5,"duration":"60s","work":{"mean":"5ms"},"events":[{"at":"10s","type":"set_load","load":0}]}`,
 	} {
 		if _, err := ParseScenario([]byte(bad)); err == nil {
 			t.Errorf("accepted %s", bad)
 		}
+	}
+}
+
+// A set_load event changes the arrival rate from then on, the same for
+// every strategy, and the best static weights are solved again at the new
+// load (more to the slow pod, as the load nears capacity).
+func TestSetLoadChangesTheArrivalRate(t *testing.T) {
+	const base = `
+pods: [{name: a, cores: 2, speed: 1}, {name: b, cores: 2, speed: 0.4}]
+clients: 4
+load: 0.5
+duration: 100s
+warmup: 0s
+work: {mean: 10ms}
+seed: 1
+`
+	flat := mustParse(t, base)
+	surge := mustParse(t, base+"events:\n  - {at: 50s, type: set_load, load: 0.9}\n")
+	sf, rf := runSim(t, flat, "oracle_best")
+	ss, rs := runSim(t, surge, "oracle_best")
+	// Half the run at 0.5, half at 0.9: 1.4 times the arrivals (about
+	// 14 000 without the event, so chance moves the ratio by about 1%).
+	if ratio := float64(rs.Arrivals) / float64(rf.Arrivals); math.Abs(ratio-1.4) > 0.04 {
+		t.Fatalf("arrivals %d with the surge, %d without: ratio %.3f, want 1.4", rs.Arrivals, rf.Arrivals, ratio)
+	}
+	share := func(s *sim) float64 { return s.weights[1] / (s.weights[0] + s.weights[1]) }
+	if share(ss) <= share(sf) {
+		t.Fatalf("the slow pod's share of the best static weights is %.3f after the surge, %.3f at the initial load: not solved again", share(ss), share(sf))
 	}
 }
 
