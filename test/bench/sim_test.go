@@ -420,6 +420,9 @@ seed: 1
 	if ratio := float64(rs.Arrivals) / float64(rf.Arrivals); math.Abs(ratio-1.4) > 0.04 {
 		t.Fatalf("arrivals %d with the surge, %d without: ratio %.3f, want 1.4", rs.Arrivals, rf.Arrivals, ratio)
 	}
+	if _, rr := runSim(t, surge, "rr"); rr.Arrivals != rs.Arrivals || rr.ArrivalHash != rs.ArrivalHash {
+		t.Fatalf("rr saw %d arrivals (hash %x), oracle_best %d (hash %x): not the same stream", rr.Arrivals, rr.ArrivalHash, rs.Arrivals, rs.ArrivalHash)
+	}
 	share := func(s *sim) float64 { return s.weights[1] / (s.weights[0] + s.weights[1]) }
 	if share(ss) <= share(sf) {
 		t.Fatalf("the slow pod's share of the best static weights is %.3f after the surge, %.3f at the initial load: not solved again", share(ss), share(sf))
