@@ -393,7 +393,7 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 		s.weights[i] = 1
 	}
 	K := sc.Clients
-	s.lambdaC = sc.Load * sc.initialCapacity() / float64(K)
+	s.lambdaC = perClientRate(sc, sc.Load)
 	s.clients = make([]simClient, K)
 	s.active = make([]int32, K*s.P)
 	for i := range s.clients {
@@ -804,12 +804,18 @@ func (s *sim) publish(w []float64) {
 	}
 }
 
+// perClientRate is each client's arrival rate (requests per second) for
+// an offered load given as a fraction of the initial pods' capacity.
+func perClientRate(sc *Scenario, load float64) float64 {
+	return load * sc.initialCapacity() / float64(sc.Clients)
+}
+
 func (s *sim) applyEvent(ev *Event) {
 	switch ev.Type {
 	case EventSetLoad:
 		// From each client's next arrival on (the one already drawn keeps
 		// the old rate).
-		s.lambdaC = ev.Load * s.sc.initialCapacity() / float64(len(s.clients))
+		s.lambdaC = perClientRate(s.sc, ev.Load)
 		if s.ctl != nil {
 			s.ctl.truthChanged(s)
 		}
