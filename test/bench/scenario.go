@@ -241,6 +241,9 @@ func (g *PodGroup) names() []string {
 	return out
 }
 
+// positive reports a finite number above 0 (false for NaN).
+func positive(x float64) bool { return x > 0 && !math.IsInf(x, 1) }
+
 func (sc *Scenario) defaultAndValidate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
@@ -285,7 +288,7 @@ func (sc *Scenario) defaultAndValidate() error {
 	if sc.Clients < 0 {
 		bad("clients must be positive")
 	}
-	if !(sc.Load > 0) || math.IsInf(sc.Load, 0) {
+	if !positive(sc.Load) {
 		bad("load must be a positive fraction of capacity (e.g. 0.8)")
 	}
 	if sc.Duration.Duration <= 0 {
@@ -334,7 +337,7 @@ func (sc *Scenario) defaultAndValidate() error {
 			if !live[ev.Pod] {
 				bad("%s: pod %q does not exist at that time", where, ev.Pod)
 			}
-			if !(ev.Speed > 0) || math.IsInf(ev.Speed, 0) {
+			if !positive(ev.Speed) {
 				bad("%s: speed must be positive", where)
 			}
 		case EventAddPods:
@@ -361,7 +364,7 @@ func (sc *Scenario) defaultAndValidate() error {
 				bad("%s: removes every pod", where)
 			}
 		case EventSetLoad:
-			if !(ev.Load > 0) || math.IsInf(ev.Load, 0) {
+			if !positive(ev.Load) {
 				bad("%s: load must be positive", where)
 			}
 		default:
