@@ -44,8 +44,9 @@
 //     to the capacity, and the solver gives capacity shares.
 //  4. publish (publish.go): new weights are written only when their
 //     predicted gain over the live weights, in the same objective, beats
-//     what the settled estimates' noise carried through the solver could
-//     show by chance (zSigmas) plus a write's cost (DeadBand² of the
+//     what the estimates' noise carried through the solver could show by
+//     chance (zSigmas; a settled estimate's noise, or a speed estimate's
+//     own while it has only begun) plus a write's cost (DeadBand² of the
 //     request time); then MaxStep, MaxRatio (gRPC clients clip at
 //     0.1x-10x), integers of at least 1, and sums per locality below
 //     2^32-1.

@@ -156,7 +156,7 @@ func TestOneCoresReadingIsNotConfidence(t *testing.T) {
 	if math.Sqrt(two.logVar) > e.params.DeadBand {
 		t.Errorf("two cores readings: sd %.4f past the dead band %.2f", math.Sqrt(two.logVar), e.params.DeadBand)
 	}
-	if one.settledVar != two.settledVar {
-		t.Errorf("the bar's variance moved with the count: %g -> %g", one.settledVar, two.settledVar)
+	if one.barVar != two.barVar {
+		t.Errorf("the bar's variance moved with the count: %g -> %g", one.barVar, two.barVar)
 	}
 }

@@ -213,3 +213,28 @@ func TestFollowsAPodThatSlowsDown(t *testing.T) {
 		}
 	}
 }
+
+// Identical pods whose CPU readings carry a few percent of noise, from
+// opt-in: the first estimates rest on a reading or two, and the gaps
+// between them are noise that the bar judges by those estimates' own
+// variance, not a settled one's, so no weight moves. (Judged as settled,
+// the gaps passed the bar once a run near full load.)
+func TestIdenticalNoisyPodsStayEqualFromOptIn(t *testing.T) {
+	identical := make([]float64, 12)
+	for i := range identical {
+		identical[i] = 1
+	}
+	for _, load := range []float64{0.8, 0.9} {
+		for _, useRequests := range []bool{true, false} {
+			for seed := range uint64(8) {
+				l := newClosedLoop(t, loopConfig{speeds: identical, load: load, phase: 5 * time.Second,
+					useRequests: useRequests, knownCores: true, cpuNoise: 0.03, seed: seed})
+				for k := range 40 {
+					if res := l.step(); res.Changed {
+						t.Fatalf("load %v requests %v seed %d cycle %d: weights moved on noise: %s", load, useRequests, seed, k+1, res.Message)
+					}
+				}
+			}
+		}
+	}
+}

@@ -142,10 +142,11 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	// targets could be noise, were nothing changed: the null variance is
 	// that of a settled estimate (Smoothing of a reading's, the windows'
 	// overlap included), not the wider one of a filter that has just
-	// restarted on a change the CUSUM or jump test already found.
+	// restarted on a change the CUSUM or jump test already found; but a
+	// speed filter that has only begun counts with its own (see barVar).
 	logVar := make([]float64, len(set))
 	for i, m := range models {
-		logVar[i] = m.settledVar
+		logVar[i] = m.barVar
 	}
 	// How far one standard deviation of the load moves the targets.
 	var loadShift []float64
