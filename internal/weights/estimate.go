@@ -421,28 +421,31 @@ func (e *Engine) models(set []Pod) []podModel {
 	settledSpeed := e.params.Smoothing * e.noise * e.noise * inflation
 	for i, pod := range set {
 		m := &out[i]
+		st := e.pods[pod.Name]
 		logV, varV := typicalSpeed, unknownVar
-		if st := e.pods[pod.Name]; st != nil && st.speed.known {
+		m.barVar = settledSpeed
+		if st != nil && st.speed.known {
 			logV, varV, m.known = st.speed.m, min(st.speed.v*inflation, unknownVar), true
+			if st.speed.changed {
+				m.barVar = min(varV, settledSpeed)
+			} else {
+				m.barVar = max(varV, settledSpeed) // only begun: never surer than settled
+			}
 		} else if cl, ok := e.classes[pod.HardwareClass]; ok && e.params.PoolByHardware && pod.HardwareClass != "" {
 			logV = cl
 		}
 		m.v = math.Exp(min(max(logV, -700), 700))
 		m.c, m.logVar, m.coresKnown = typicalCores, varV, coresKnown
-		m.barVar = min(varV, settledSpeed)
-		if st := e.pods[pod.Name]; st != nil && st.speed.known && !st.speed.changed {
-			m.barVar = max(varV, settledSpeed) // only begun: never surer than settled
-		}
 		if c := e.coresOf(pod); c > 0 {
 			m.c = c
-			if st := e.pods[pod.Name]; !knownCores(pod) && st != nil && st.cores.known {
+			if !knownCores(pod) && st != nil && st.cores.known {
 				m.logVar += st.cores.v
 				if st.cores.n < 2 {
 					// One reading is not yet confidence: it cannot be told
 					// from a passing queue or a window the balancer shaped,
 					// and its variance is the speed readings' noise, not
 					// this pod's own (that needs residuals). Learned waits
-					// for a second; the bar's settled variance is untouched.
+					// for a second; the bar's variance is untouched.
 					m.logVar += unknownVar
 				}
 				m.barVar += min(st.cores.v, e.params.Smoothing*max(spreadVariance(st.coresResiduals), e.noise*e.noise)*inflation)
