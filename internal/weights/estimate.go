@@ -158,7 +158,11 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		// The price is that while the weights move every cycle no
 		// reading is narrow, so a CPU rate far noisier than the 1% prior
 		// can go unmeasured (docs/troubleshooting.md, "Noisy CPU near
-		// full load").
+		// full load"). Judging no jump or CUSUM before the noise is
+		// measured ends that loop, but the first readings' jumps are how
+		// CPU-alone estimates reach a pod's speed at opt-in: without them
+		// CPU alone on a 1-2-4-8-core mix without limits went from 2.3x
+		// to 8.7x the capacity oracle's p99 (median of 16 runs).
 		if st.speed.known && st.speed.n >= 2 && hi-lo < math.Sqrt(r) {
 			d := min(max(st.speed.m, lo), hi) - st.speed.m
 			residuals = append(residuals, d*d)
