@@ -31,7 +31,9 @@
 //     cores, their spread, so an estimate that is off is not taken for
 //     noise); a change that persists (a CUSUM of innovations) or a jump
 //     restarts the filter with a wide variance, so the estimate moves
-//     fast, then settles to Smoothing per reading. A censored reading is a
+//     fast, then settles to Smoothing per reading. A noise no steady
+//     window has shown over the estimates' memory is taken from the CPU
+//     rate's own scatter (recent against window). A censored reading is a
 //     truncated update (Tobit), backing off below the bound by the gap it
 //     found.
 //  3. decide (decide.go): one solver. Minimise sum x_i T_i(x_i) subject to

@@ -40,6 +40,8 @@ type Engine struct {
 	// measured from the residuals; noiseCycles counts the cycles in it.
 	noise       float64
 	noiseCycles int
+	// unmeasured counts the cycles since the noise was last measured.
+	unmeasured int
 	// load is the offered work (busy cores times speed per core), filtered.
 	load filter
 

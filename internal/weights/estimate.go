@@ -126,6 +126,7 @@ func sq(x float64) float64      { return x * x }
 func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 	e.markBlind(set, c)
 	scale := e.fitScale(set, c)
+	e.cpuNoiseFloor(set)
 	r := e.noise * e.noise
 	var residuals []float64
 	learned := 0
@@ -157,12 +158,13 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		// the distances of estimates still converging are not noise.
 		// The price is that while the weights move every cycle no
 		// reading is narrow, so a CPU rate far noisier than the 1% prior
-		// can go unmeasured (docs/troubleshooting.md, "Noisy CPU near
-		// full load"). Judging no jump or CUSUM before the noise is
-		// measured ends that loop, but the first readings' jumps are how
-		// CPU-alone estimates reach a pod's speed at opt-in: without them
-		// CPU alone on a 1-2-4-8-core mix without limits went from 2.3x
-		// to 8.7x the capacity oracle's p99 (median of 16 runs).
+		// can go unmeasured: cpuNoiseFloor then takes it from the CPU's
+		// own scatter. Judging no jump or CUSUM before the noise is
+		// measured would end that loop too, but the first readings'
+		// jumps are how CPU-alone estimates reach a pod's speed at
+		// opt-in: without them CPU alone on a 1-2-4-8-core mix without
+		// limits went from 2.3x to 8.7x the capacity oracle's p99
+		// (median of 16 runs).
 		if st.speed.known && st.speed.n >= 2 && hi-lo < math.Sqrt(r) {
 			d := min(max(st.speed.m, lo), hi) - st.speed.m
 			residuals = append(residuals, d*d)
@@ -218,13 +220,37 @@ func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 	return median(points)
 }
 
+// cpuNoiseFloor raises the reading noise to what the CPU rate's own
+// scatter shows when no cycle has measured it over the estimates' memory:
+// the windows never held a steady share (the weights moved every cycle),
+// and judged against a noise that low every reading looks like a change,
+// which moves the weights again. Each pod's recent CPU and its window's
+// are two draws of the rate's noise, so their log ratio varies by twice
+// its variance (and more where the load itself varies: an upper bound).
+func (e *Engine) cpuNoiseFloor(set []Pod) {
+	if e.unmeasured < e.params.memory() {
+		return
+	}
+	var pooled []float64
+	for _, pod := range set {
+		if st := e.pods[pod.Name]; st != nil {
+			pooled = append(pooled, st.recentRatios...)
+		}
+	}
+	if v := robustVariance(pooled); v > 0 {
+		e.noise = min(max(e.noise, math.Sqrt(v/2)), 0.5)
+	}
+}
+
 // measureNoise updates the reading noise from this cycle's squared
 // residuals (0.455 is the median of a squared standard normal), averaged
 // over cycles plainly and then with Smoothing.
 func (e *Engine) measureNoise(squares []float64) {
 	if len(squares) < 3 {
+		e.unmeasured++
 		return
 	}
+	e.unmeasured = 0
 	variance := median(squares) / 0.455
 	e.noiseCycles = min(e.noiseCycles+1, e.params.memory())
 	g := 1 / float64(e.noiseCycles)
