@@ -152,9 +152,8 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		// than the noise known so far: a wide one's distance from the
 		// estimate understates it. Counting such distances too raised
 		// the runs with more than two policy switches from 40 to 44 of
-		// 224 (the shipped scenarios, 16 seeds each; to 45 when counted
-		// only until the noise rested on a memory of cycles), and on CPU
-		// alone without noise took 11 cycles to converge instead of 7:
+		// 224 (the shipped scenarios, 16 seeds each), and on CPU alone
+		// without noise took 11 cycles to converge instead of 7:
 		// the distances of estimates still converging are not noise.
 		// The price is that while the weights move every cycle no
 		// reading is narrow, so a CPU rate far noisier than the 1% prior
