@@ -277,12 +277,12 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 }
 
 // Between two cycles the running worker looks every look interval, on the
-// injected clock, and no look starts within one interval of the cycle (the
-// policy's timing, internal/policy): the looks after a cycle come one
-// scrape interval (15 s) apart on the interval's multiples, and the last at
-// least one interval before the next cycle, which comes a cycle after the
-// last, give or take half a scrape interval.
-func TestLooksKeepClearOfTheCycle(t *testing.T) {
+// injected clock, up to the next cycle (the policy's timing,
+// internal/policy): the looks after a cycle come one scrape interval (15 s)
+// apart on the interval's multiples, the last within one interval of the
+// next cycle, which comes a cycle after the last, give or take half a
+// scrape interval.
+func TestLooksRunUpToTheCycle(t *testing.T) {
 	clk, loop, src, key, s, wake := runningLoop(t)
 	interval := s.ProbeInterval
 	if interval != 15*time.Second {
@@ -312,10 +312,10 @@ func TestLooksKeepClearOfTheCycle(t *testing.T) {
 	}
 	// Looks fall on the interval's multiples on the clock (shared by all
 	// optimizers), one interval apart, the first within one interval of
-	// the cycle, none within one interval of the next.
+	// the cycle, the last within one interval of the next.
 	first := cycleAt.Add(interval).Truncate(interval)
 	var want []time.Time
-	for at := first; !at.Add(interval).After(next); at = at.Add(interval) {
+	for at := first; at.Before(next); at = at.Add(interval) {
 		want = append(want, at)
 	}
 	if len(looks) != len(want) {

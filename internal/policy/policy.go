@@ -14,9 +14,9 @@
 //     counted from the last cycle of either kind. Between cycles, while a look is wanted
 //     (ROUND_ROBIN is live on learned weights, so nothing steers around a
 //     queue), a look at the recent latency every Config.LookInterval, on
-//     the interval's multiples on the clock (shared by all optimizers); an
-//     alarm at a look (weights.Engine.Alarm) makes the next cycle due at
-//     once. No look starts within one look interval of the regular cycle.
+//     the interval's multiples on the clock (shared by all optimizers), up
+//     to the regular cycle; an alarm at a look (weights.Engine.Alarm) makes
+//     the next cycle due at once.
 //   - Seeding. At a first opt-in the pods carried equal traffic under
 //     Istio's default LEAST_REQUEST, and the engine is told so over the
 //     whole query window (no empty history). After a restart the live
@@ -308,9 +308,17 @@ func (p *Policy) Next(now time.Time) (Action, time.Time) {
 		if !look.After(p.lastLook) {
 			look = look.Add(p.cfg.LookInterval)
 		}
-		// A look leaves at least one interval before the cycle, so an
-		// alarm's cycle does not run just before the regular one.
-		if !look.Add(p.cfg.LookInterval).After(p.nextCycle) {
+		// The last interval before the cycle is looked at too: a scrape
+		// in it can show a slowed pod, and waiting for the cycle lets its
+		// queue grow for up to that interval more. An alarm there runs an
+		// early cycle, which learns no speeds and pushes the regular one a
+		// period on. Against no look in the last interval (the shipped
+		// scenarios, 16 seeds each): after a pod slows to a third at 80%
+		// load, the p99 from the change 242 -> 237 ms (median; the worst
+		// run 286 -> 274 ms, p99.9 20.9 -> 15.5 s); steady runs with a
+		// chance spell of LEAST_REQUEST 8 -> 11 of 192, their p99 as
+		// before.
+		if look.Before(p.nextCycle) {
 			return Look, look
 		}
 	}
