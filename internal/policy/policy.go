@@ -395,10 +395,10 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 		// behind, is drained, or lacks data) and LEAST_REQUEST steers
 		// around queues within a request. At once: a slowed pod's first
 		// backlog is no larger than a chance queue's, and waiting a cycle
-		// for a second reading raised the p99 after a slowdown from 242
-		// to 338 ms (median of 16 runs, the worst to 20 s), while with
-		// ROUND_ROBIN alone the cut, halved each write by MaxStep, left
-		// it at 16.5 s (docs/troubleshooting.md).
+		// for a second reading raised the p99 after a slowdown by two
+		// fifths (median of 16 runs; the worst run from under 0.3 s to
+		// 20 s), while with ROUND_ROBIN alone the cut, halved each write
+		// by MaxStep, left it at 16.5 s (docs/troubleshooting.md).
 		lb, why = weights.BalancerLeastRequest, ReasonUnsettled
 		if alarmed || p.why == ReasonAlarm {
 			why = ReasonAlarm
