@@ -44,6 +44,13 @@ const zSigmas = 4
 // derived, not tuned.
 func minNoise() float64 { return 1.0 / smallestWeight }
 
+// boundNoise keeps a noise figure between minNoise and 0.5 (log scale).
+// The ceiling is a guard, not a measurement: at 0.5 a jump must already be
+// a factor e^(2·zSigmas·0.5) ≈ 55 to show in one reading, so a scatter
+// measured above it (load swinging under the windows, not the readings'
+// own noise) is not allowed to blind the change tests further.
+func boundNoise(x float64) float64 { return min(max(x, minNoise()), 0.5) }
+
 // processVariance is the variance a settled estimate's walk adds per
 // reading, relative to the reading's: the steady Kalman gain g of a random
 // walk satisfies g²/(1-g) = q/r, so Smoothing = g gives q.
@@ -237,7 +244,7 @@ func (e *Engine) cpuNoiseFloor(set []Pod) {
 		}
 	}
 	if v := robustVariance(pooled); v > 0 {
-		e.noise = min(max(e.noise, math.Sqrt(v/2)), 0.5)
+		e.noise = boundNoise(max(e.noise, math.Sqrt(v/2)))
 	}
 }
 
@@ -253,7 +260,7 @@ func (e *Engine) measureNoise(squares []float64) {
 	variance := median(squares) / 0.455
 	e.noiseCycles = min(e.noiseCycles+1, e.params.memory())
 	g := 1 / float64(e.noiseCycles)
-	e.noise = min(max(math.Sqrt((1-g)*e.noise*e.noise+g*variance), minNoise()), 0.5)
+	e.noise = boundNoise(math.Sqrt((1-g)*e.noise*e.noise + g*variance))
 }
 
 // memory is the number of readings a settled estimate averages over.

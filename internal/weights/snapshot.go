@@ -28,9 +28,10 @@ func (e *Engine) Snapshot() Snapshot {
 	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds()}
 }
 
-// Valid reports whether s holds a measured noise in the engine's range.
+// Valid reports whether s holds a measured noise in the engine's range
+// (positive, and at most boundNoise's ceiling).
 func (s Snapshot) Valid() bool {
-	return s.NoiseCycles > 0 && !math.IsNaN(s.Noise) && s.Noise > 0 && s.Noise <= 0.5
+	return s.NoiseCycles > 0 && !math.IsNaN(s.Noise) && s.Noise > 0 && s.Noise <= boundNoise(s.Noise)
 }
 
 // Similar reports whether s and o differ by less than persisting is
@@ -70,7 +71,7 @@ func (s Snapshot) Similar(o Snapshot) bool {
 // yet) leaves the noise at its prior.
 func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 	if s.Valid() {
-		e.noise = min(max(s.Noise, minNoise()), 0.5)
+		e.noise = boundNoise(s.Noise)
 		e.noiseCycles = min(s.NoiseCycles, e.params.memory())
 		if c := time.Duration(s.CycleSeconds * float64(time.Second)); c > 0 && !math.IsInf(s.CycleSeconds, 0) {
 			e.meanCycle, e.gaps = c, e.params.memory()
