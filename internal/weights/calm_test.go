@@ -445,34 +445,47 @@ func TestExpiryFallsBackToEqualWeights(t *testing.T) {
 
 // The learned state (Snapshot) is not worth persisting again each cycle
 // because the policy's jitter (half a scrape interval either way) moved
-// one gap between cycles: over 200 cycles after the noise settled, the
-// persisted snapshot is written again at most once.
+// one gap between cycles. What is left is chance: the noise, an average
+// over the estimates' memory, wanders by about a tenth either way (26-35
+// thousandths around 30 at 5% CPU noise) and now and then leaves Similar's
+// 20% band. Measured over seeds 0-7, with and without the recent CPU
+// query (which only draws the noise anew): 5 rewrites in 16 runs of 200
+// cycles, at most 3 in one. The bound, one rewrite a run on average (one
+// in 200 cycles, 100 minutes at 30 s), catches the old fault, a rewrite
+// in two cycles of three, by two orders of magnitude, not a seed's luck.
 func TestSnapshotStillUnderCycleJitter(t *testing.T) {
-	for seed := range uint64(4) {
-		s := newService(t, true, 0.7, seed)
-		s.noisy, s.noise = "cpu", 0.05
-		r := rand.New(rand.NewPCG(seed, 7))
-		cycle := func() {
-			s.stepAfter(30*time.Second + time.Duration((r.Float64()-0.5)*float64(15*time.Second)))
-		}
-		for range 40 {
-			cycle()
-		}
-		persisted := s.e.Snapshot()
-		if !persisted.Valid() {
-			t.Fatalf("seed %d: no snapshot after 40 cycles", seed)
-		}
-		writes := 0
-		for range 200 {
-			cycle()
-			if snap := s.e.Snapshot(); !snap.Similar(persisted) {
-				persisted = snap
-				writes++
+	total, runs := 0, 0
+	for seed := range uint64(8) {
+		for _, recentCPU := range []bool{false, true} {
+			s := newService(t, true, 0.7, seed)
+			s.noisy, s.noise = "cpu", 0.05
+			s.recentCPU = recentCPU
+			r := rand.New(rand.NewPCG(seed, 7))
+			cycle := func() {
+				s.stepAfter(30*time.Second + time.Duration((r.Float64()-0.5)*float64(15*time.Second)))
 			}
+			for range 40 {
+				cycle()
+			}
+			persisted := s.e.Snapshot()
+			if !persisted.Valid() {
+				t.Fatalf("seed %d: no snapshot after 40 cycles", seed)
+			}
+			writes := 0
+			for range 200 {
+				cycle()
+				if snap := s.e.Snapshot(); !snap.Similar(persisted) {
+					persisted = snap
+					writes++
+				}
+			}
+			t.Logf("seed %d, recent CPU %v: %d rewrites in 200 cycles", seed, recentCPU, writes)
+			total += writes
+			runs++
 		}
-		if writes > 1 {
-			t.Errorf("seed %d: the learned state was worth writing %d times in 200 cycles of jittered gaps (last %+v)", seed, writes, persisted)
-		}
+	}
+	if total > runs {
+		t.Errorf("the learned state was worth writing %d times in %d runs of 200 cycles of jittered gaps (at most %d)", total, runs, runs)
 	}
 }
 
