@@ -29,9 +29,11 @@
 //     (and one over log cores for a pod without a limit): a mean and a
 //     variance. The readings' noise is measured from the residuals (for
 //     cores, their spread, so an estimate that is off is not taken for
-//     noise); a change that persists (a CUSUM of innovations) or a jump
-//     restarts the filter with a wide variance, so the estimate moves
-//     fast, then settles to Smoothing per reading. A noise no steady
+//     noise, and a reading of the node's idle CPU by that reading's own
+//     spread too, which carries the neighbours' noise); a change that
+//     persists (a CUSUM of innovations) or a jump restarts the filter
+//     with a wide variance, so the estimate moves fast, then settles to
+//     Smoothing per reading. A noise no steady
 //     window has shown over the estimates' memory is taken from the CPU
 //     rate's own scatter (recent against window). A censored reading is a
 //     truncated update (Tobit), backing off below the bound by the gap it

@@ -68,7 +68,10 @@ type podState struct {
 	// cores: log cores of a pod without a limit, read on coresNode.
 	cores          filter
 	coresResiduals []float64 // the readings' distances from the estimate
-	coresNode      string
+	// ceilingResiduals: the node ceiling's distances from the estimate,
+	// each cycle it is read, whether or not it was the cycle's reading.
+	ceilingResiduals []float64
+	coresNode        string
 	// coresSettled: the first cores reading starts a settled estimate,
 	// not a fresh one (SeedSettled: the engine before had learned it).
 	coresSettled bool

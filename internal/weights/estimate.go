@@ -270,7 +270,17 @@ func (p Params) memory() int { return int(math.Ceil(1 / p.Smoothing)) }
 // its latency (Erlang C) when it has one, else from its node's idle CPU
 // (the ceiling). The readings' noise is the spread of the pod's recent
 // residuals (see spreadVariance); a reading that restarts the filter
-// showed a change, not noise, and is left out of them.
+// showed a change, not noise, and is left out of them. The ceiling is a
+// reading of its own kind, as noisy as the node's CPU under the pod's
+// neighbours: where it stands in for the latency's (a window whose share
+// moved gives none), it is judged by the ceiling's own spread too, kept
+// each cycle the ceiling is read. Judged by the latency readings' alone, a
+// neighbour's burst read as a change of cores, restarted the estimate,
+// moved the weights, and the moved window's next reading was a ceiling
+// again (TestCeilingReadingJudgedByItsOwnScatter has the figures). A
+// latency reading clamped at the ceiling is still judged as a latency
+// reading: judging it by the ceiling's spread too calmed the same noise
+// further but let pods at their ceiling near full load queue longer.
 func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 	for i, pod := range set {
 		if knownCores(pod) {
@@ -278,6 +288,7 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		}
 		rd := c.pods[i]
 		seen, bounded := rd.cores, rd.coresBounded
+		fromCeiling := !(seen > 0)
 		if !(seen > 0) {
 			seen, bounded = rd.nodeCeiling, false
 		}
@@ -286,11 +297,18 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		}
 		st := e.state(pod.Name)
 		if st.coresNode != pod.Node {
-			st.cores, st.coresResiduals, st.coresNode = filter{}, nil, pod.Node
+			st.cores, st.coresResiduals, st.ceilingResiduals, st.coresNode = filter{}, nil, nil, pod.Node
 		}
 		x := math.Log(seen)
 		r := max(spreadVariance(st.coresResiduals), e.noise*e.noise)
+		if fromCeiling {
+			r = max(r, spreadVariance(st.ceilingResiduals))
+		}
 		known, d := st.cores.known, x-st.cores.m
+		ceiling := math.NaN()
+		if rd.nodeCeiling > 0 {
+			ceiling = math.Log(rd.nodeCeiling) - st.cores.m
+		}
 		restarted := st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded)
 		if !known && st.coresSettled {
 			st.cores.v, st.cores.n = e.params.Smoothing*r, e.params.memory()
@@ -300,6 +318,9 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 			continue
 		}
 		st.coresResiduals = appendCapped(st.coresResiduals, d, e.params.memory())
+		if !math.IsNaN(ceiling) {
+			st.ceilingResiduals = appendCapped(st.ceilingResiduals, ceiling, e.params.memory())
+		}
 	}
 }
 

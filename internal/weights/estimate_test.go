@@ -160,3 +160,52 @@ func TestOneCoresReadingIsNotConfidence(t *testing.T) {
 		t.Errorf("the bar's variance moved with the count: %g -> %g", one.barVar, two.barVar)
 	}
 }
+
+// A pod without a limit reads its cores from its latency, or, over a
+// window whose share moved, from its node's ceiling (its CPU plus what the
+// node leaves idle), which carries the noise of every neighbour on the
+// node. A ceiling reading one of its own standard deviations off a
+// settled estimate is noise: judged by the latency readings' spread
+// (a hundredth) it was a jump of 16 of theirs and restarted the estimate
+// at the ceiling. In the calm harness (six pods, ±20% on the node CPU,
+// recent CPU queried, 200 cycles after 200) that was a cascade, each write
+// moving the next window's share so that its reading was a ceiling again:
+// 13 and 14 writes in 16 runs each at 70% and 80% load, up to 9 in one;
+// judged by its own spread: 6 and 6, at most 3 (what is left: latency
+// readings clamped at the noisy ceiling, docs/troubleshooting.md).
+func TestCeilingReadingJudgedByItsOwnScatter(t *testing.T) {
+	set := []Pod{{Name: "p", Node: "n", CPURequest: 4, NodeCores: 9}}
+	e := New(DefaultParams())
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 40 {
+		c := cycleReadings{pods: []reading{{
+			cores:       8 * math.Exp(0.01*rng.NormFloat64()),
+			nodeCeiling: 8 * math.Exp(0.2*rng.NormFloat64()),
+		}}}
+		e.updateCores(set, &c)
+	}
+	before := e.pods["p"].cores
+	c := cycleReadings{pods: []reading{{nodeCeiling: math.Exp(before.m + 0.2)}}}
+	e.updateCores(set, &c)
+	after := e.pods["p"].cores
+	if after.changed && !before.changed || after.n < before.n {
+		t.Fatalf("a ceiling reading within its own noise restarted the cores estimate: %.2f -> %.2f cores", math.Exp(before.m), math.Exp(after.m))
+	}
+	if move := math.Abs(after.m - before.m); move > 0.02 {
+		t.Errorf("a ceiling reading within its own noise moved the cores estimate by %.1f%%", 100*move)
+	}
+	// A ceiling that stays at half the estimate (the node's neighbours
+	// took half of it) is a change, found by the CUSUM within the
+	// estimates' memory (about six readings of three of their standard
+	// deviations each, against twice zSigmas).
+	half := math.Exp(after.m) / 2
+	for k := range DefaultParams().memory() {
+		c = cycleReadings{pods: []reading{{nodeCeiling: half}}}
+		e.updateCores(set, &c)
+		if got := e.pods["p"].cores; got.changed && math.Exp(got.m) < 0.6*math.Exp(after.m) {
+			t.Logf("followed a halved ceiling at reading %d", k+1)
+			return
+		}
+	}
+	t.Errorf("a ceiling at half the estimate for %d readings left it at %.2f cores", DefaultParams().memory(), math.Exp(e.pods["p"].cores.m))
+}
