@@ -319,8 +319,8 @@ func writeTable(w io.Writer, sc *Scenario, rs []StrategyResult) {
 	if len(rs) > 0 {
 		n = rs[0].Requests
 	}
-	fmt.Fprintf(w, "%d pods, %d clients, load %.2f, %s %s work, %s (first %s excluded, %d requests measured), cycle %s, seed %d\n\n",
-		pods, sc.Clients, sc.Load, sc.Work.Mean.Duration, sc.Work.Distribution, sc.Duration.Duration,
+	fmt.Fprintf(w, "%d pods, %d clients, load %s, %s %s work, %s (first %s excluded, %d requests measured), cycle %s, seed %d\n\n",
+		pods, sc.Clients, loadText(sc), sc.Work.Mean.Duration, sc.Work.Distribution, sc.Duration.Duration,
 		sc.Warmup.Duration, n, sc.Cycle.Duration, sc.Seed)
 	after := len(sc.Events) > 0
 	hdr := "| strategy | p50 ms | p99 ms | p99.9 ms |"
@@ -425,4 +425,17 @@ func parseSeeds(s string) ([]uint64, error) {
 		out = append(out, lo)
 	}
 	return out, nil
+}
+
+// loadText is the scenario's offered load as the header states it: the
+// initial load, then each set_load event's, so a run whose load moves does
+// not read as a steady one.
+func loadText(sc *Scenario) string {
+	out := fmt.Sprintf("%.2f", sc.Load)
+	for _, ev := range sc.Events {
+		if ev.Type == "set_load" {
+			out += fmt.Sprintf(", %.2f from %s", ev.Load, ev.At.Duration)
+		}
+	}
+	return out
 }
