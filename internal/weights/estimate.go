@@ -289,7 +289,7 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		rd := c.pods[i]
 		seen, bounded := rd.cores, rd.coresBounded
 		fromCeiling := !(seen > 0)
-		if !(seen > 0) {
+		if fromCeiling {
 			seen, bounded = rd.nodeCeiling, false
 		}
 		if !(seen > 0) {

@@ -433,7 +433,7 @@ func parseSeeds(s string) ([]uint64, error) {
 func loadText(sc *Scenario) string {
 	out := fmt.Sprintf("%.2f", sc.Load)
 	for _, ev := range sc.Events {
-		if ev.Type == "set_load" {
+		if ev.Type == EventSetLoad {
 			out += fmt.Sprintf(", %.2f from %s", ev.Load, ev.At.Duration)
 		}
 	}

@@ -625,8 +625,8 @@ func TestFirstAlarmHandsTheServiceToLeastRequest(t *testing.T) {
 // then each set_load event's, not the initial load alone.
 func TestHeaderStatesEveryLoad(t *testing.T) {
 	sc := &Scenario{Load: 0.85, Events: []Event{
-		{At: Duration{10 * 60e9}, Type: "set_load", Load: 0.9},
-		{At: Duration{12 * 60e9}, Type: "set_speed", Pod: "a-0", Speed: 0.5},
+		{At: Duration{10 * 60e9}, Type: EventSetLoad, Load: 0.9},
+		{At: Duration{12 * 60e9}, Type: EventSetSpeed, Pod: "a-0", Speed: 0.5},
 	}}
 	if got, want := loadText(sc), "0.85, 0.90 from 10m0s"; got != want {
 		t.Errorf("header load %q, want %q", got, want)
