@@ -148,7 +148,15 @@ func bestWeights(s *sim) []float64 {
 	return w
 }
 
-func (bestCtl) start(s *sim)        { s.publish(bestWeights(s)) }
-func (bestCtl) cycle(*sim)          {}
-func (bestCtl) podsChanged(s *sim)  { s.publish(bestWeights(s)) }
-func (bestCtl) truthChanged(s *sim) { s.publish(bestWeights(s)) }
+func (bestCtl) start(s *sim) { s.publish(bestWeights(s)) }
+func (bestCtl) cycle(*sim)   {}
+func (bestCtl) podsChanged(s *sim) {
+	if s.applied() {
+		s.publish(bestWeights(s))
+	}
+}
+func (bestCtl) truthChanged(s *sim) {
+	if s.applied() {
+		s.publish(bestWeights(s))
+	}
+}

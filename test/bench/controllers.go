@@ -23,10 +23,18 @@ func oracleWeights(s *sim) []float64 {
 	return w
 }
 
-func (oracleCtl) start(s *sim)        { s.publish(oracleWeights(s)) }
-func (oracleCtl) cycle(*sim)          {}
-func (oracleCtl) podsChanged(s *sim)  { s.publish(oracleWeights(s)) }
-func (oracleCtl) truthChanged(s *sim) { s.publish(oracleWeights(s)) }
+func (oracleCtl) start(s *sim) { s.publish(oracleWeights(s)) }
+func (oracleCtl) cycle(*sim)   {}
+func (oracleCtl) podsChanged(s *sim) {
+	if s.applied() {
+		s.publish(oracleWeights(s))
+	}
+}
+func (oracleCtl) truthChanged(s *sim) {
+	if s.applied() {
+		s.publish(oracleWeights(s))
+	}
+}
 
 // cpuSignals reads rate(cpu[window]) for every host; NaN when no data.
 func cpuSignals(s *sim) []float64 {

@@ -43,10 +43,13 @@ type Scenario struct {
 	Events []Event `json:"events,omitempty"`
 	// Prometheus models the metrics pipeline feeding the central strategies.
 	Prometheus PromConfig `json:"prometheus,omitempty"`
-	// OptIn is when the optimizer strategies start: before it the Service
-	// runs Istio's default LEAST_REQUEST over equal weights, as a live
-	// Service does before its owner opts in (Prometheus has that history).
-	// Other strategies run from t=0. 0 = from the start.
+	// OptIn is when the optimizer strategies and the static-weight oracles
+	// are applied: before it the Service runs Istio's default
+	// LEAST_REQUEST over equal weights, as a live Service does before its
+	// owner opts in (Prometheus has that history), so every weighting
+	// strategy starts from the same queues. The others (rr, lr, linkerd,
+	// prequal, cswrr, the seed rules) run from t=0: they are what the
+	// Service could have run instead. 0 = from the start.
 	OptIn Duration `json:"opt_in,omitempty"`
 	// PerMinute reports p99 per minute of arrival time from the end of
 	// the warm-up (cold starts: warmup = opt_in, the moment the optimizer

@@ -255,8 +255,8 @@ type sim struct {
 	warmup float64
 	end    float64
 	afterT float64 // first scenario event (p99 after the change)
-	// optIn is when the optimizer starts (Scenario.OptIn; optimizer
-	// strategies only): before it, the clients run Istio's default
+	// optIn is when the optimizer or a static oracle is applied
+	// (Scenario.OptIn): before it, the clients run Istio's default
 	// LEAST_REQUEST over equal weights and no cycle runs.
 	optIn float64
 
@@ -450,8 +450,16 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 		s.ctl = newOptimizerCtl(sc, false, false)
 		s.needProm = true
 	}
-	if s.needProm && (def.ctl == ctlOptimizer || def.ctl == ctlOptimizerCPU || def.ctl == ctlOptimizerLR) {
+	switch def.ctl {
+	case ctlOptimizer, ctlOptimizerCPU, ctlOptimizerLR:
 		s.optIn = sc.OptIn.Seconds()
+	case ctlOracle, ctlBest:
+		// An oracle measured from opt-in starts where the optimizer
+		// does: from the queues Istio's default left (after a meltdown,
+		// its backlog), not from a Service that never had them.
+		if s.optIn = sc.OptIn.Seconds(); s.optIn > 0 {
+			s.lb = lbWLR
+		}
 	}
 	return s
 }
@@ -586,6 +594,9 @@ func (s *sim) run() StrategyResult {
 			s.applyEvent(&s.sc.Events[e.pod])
 		case evOptIn:
 			s.ctl.start(s)
+			if !policyDriven {
+				s.setLB(s.def.lb) // a static oracle's DestinationRule
+			}
 			if policyDriven {
 				if next := sched.next(s); next <= s.end {
 					s.push(event{t: next, kind: evPolicy})
@@ -1268,3 +1279,7 @@ func (s *sim) note(msg string) {
 		s.notes = append(s.notes, msg)
 	}
 }
+
+// applied: the strategy is in force (it has no opt-in, or it has passed).
+// Before it, a static oracle leaves the pods to Istio's default.
+func (s *sim) applied() bool { return s.now >= s.optIn }

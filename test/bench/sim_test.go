@@ -523,6 +523,47 @@ seed: 3
 	}
 }
 
+// An opt-in applies the static oracles as it applies the optimizer: until
+// it every weighting strategy runs Istio's default, so each starts from the
+// same queues. The first minute, served before the opt-in, is lr's to the
+// request; after it the oracle's weights and DestinationRule are in force.
+func TestOraclesAppliedAtOptIn(t *testing.T) {
+	sc := mustParse(t, `
+pods:
+  - {name: fast, count: 2, cores: 2, speed: 1.0}
+  - {name: slow, count: 2, cores: 2, speed: 0.4}
+clients: 4
+load: 0.7
+duration: 180s
+warmup: 0s
+opt_in: 90s
+per_minute: true
+work: {mean: 10ms}
+seed: 3
+`)
+	_, lr := runSim(t, sc, "lr")
+	for _, name := range []string{"wrr_oracle", "oracle_best", "optimizer"} {
+		s, r := runSim(t, sc, name)
+		if r.P99PerMinuteMs[0] != lr.P99PerMinuteMs[0] {
+			t.Errorf("%s: first minute's p99 %.3f ms, lr's %.3f ms: before the opt-in every strategy runs Istio's default",
+				name, r.P99PerMinuteMs[0], lr.P99PerMinuteMs[0])
+		}
+		if name == "optimizer" {
+			continue
+		}
+		if r.PolicySwitches != 1 || s.lb != lbWRR {
+			t.Errorf("%s: %d switches, ends on load balancer %d; want one switch, to ROUND_ROBIN at the opt-in",
+				name, r.PolicySwitches, s.lb)
+		}
+		if s.weights[0] <= s.weights[len(s.weights)-1] {
+			t.Errorf("%s: weights %v after the opt-in, want the fast pods above the slow", name, s.weights)
+		}
+		if r.P99PerMinuteMs[2] == lr.P99PerMinuteMs[2] {
+			t.Errorf("%s: last minute's p99 is lr's (%.3f ms): the oracle was not applied", name, r.P99PerMinuteMs[2])
+		}
+	}
+}
+
 // Pods without limits: the engine sees Cores 0 with the request and node
 // CPU; the sidecar latency it gets is the scraped histogram's mean.
 func TestNoLimitPodsAndLatencySignal(t *testing.T) {
