@@ -94,8 +94,10 @@
 // existing ServiceEntry after a restart, calls Update every cycle, writes
 // Result.Weights when Result.Changed, then calls Applied. After
 // SeedSettled the first cycle with data takes the capacities that make the
-// live weights the solver's answer (and a pod without a limit its cores
-// from its first reading, as a settled estimate), so a restart moves
+// live weights the solver's answer (each pod's speed from that cycle's
+// reading, adjusted until the solver gives back its live share, and a pod
+// without a limit its cores from its first reading, as a settled
+// estimate), so a restart moves
 // nothing the data does not show and a learned engine stays Learned. The
 // endpoint mirror calls Weights when pods come and go.
 // An Engine is not safe for concurrent use.

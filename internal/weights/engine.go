@@ -31,7 +31,7 @@ type Engine struct {
 	appliedSince time.Time
 	// calibrate: the live weights came from an engine that ran before
 	// (SeedSettled); the first cycle with data takes the capacities that
-	// make them the optimum (see calibrate).
+	// make them the optimum (see calibrateTo).
 	calibrate bool
 
 	pods    map[string]*podState

@@ -148,6 +148,20 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		lo, hi := rd.speed.lo-scale, rd.speed.hi-scale
 		learned++
 		st.fromData = true
+		if e.calibrate {
+			// The first cycle after SeedSettled: the seeded speeds are the
+			// live weights (capacities, not speeds per core). Judged
+			// against them a reading would read as a jump, restarting the
+			// filter on one noisy reading, and its misfit as noise; it is
+			// taken as the speed instead, settled, for calibrateTo to
+			// start from (a pod the live weights hold at the MaxRatio
+			// floor keeps it: no speed below some moves its share).
+			st.speed.m, st.speed.up, st.speed.down, st.speed.changed = hi, 0, 0, false
+			if !rd.speed.upper {
+				st.speed.m = (lo + hi) / 2
+			}
+			continue
+		}
 		if rd.speed.upper {
 			if !st.speed.known && typical != nil {
 				hi = min(hi, *typical)
@@ -177,7 +191,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		}
 		st.speed.update(lo, hi, r, e.overlapInflation(), e.params, false)
 	}
-	if !keepNoise {
+	if !keepNoise && !e.calibrate {
 		e.measureNoise(residuals)
 	}
 	e.updateCores(set, c)

@@ -129,7 +129,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 	dp := e.decidePods(set, models, c, refShares, load)
 	if e.calibrate {
-		e.calibrateTo(now, set, ref, c, refShares, load)
+		load = e.calibrateTo(now, set, ref, c, refShares, noDataShare, load)
 		models = e.models(set)
 		dp = e.decidePods(set, models, c, refShares, load)
 		e.calibrate = false
@@ -214,31 +214,100 @@ func (e *Engine) decidePods(set []Pod, models []podModel, c cycleReadings, refSh
 }
 
 // calibrateTo takes, after a restart, the capacities that make the live
-// weights the solver's answer at the load now measured: they are what the
-// engine before this one decided, and taking them so means that a restart
-// moves nothing the data does not show. A few fixed-point steps suffice
-// (near capacity shares, one).
-func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c cycleReadings, refShares []float64, load float64) {
-	for range 4 {
+// weights the solver's answer at the load now measured, and returns that
+// load: they are what the engine before this one decided, and taking them
+// so means that a restart moves nothing the data does not show. It starts
+// from this cycle's readings of the speeds (see estimate). The load
+// is measured in the speeds' units (busy cores times speed), so it is
+// measured again with every step's speeds: held at the first step's, a
+// step that raised every speed would read as a lighter load, which the
+// solver leans further to fast pods at, and the steps would find speeds
+// unlike the pods' own that the next cycle's readings undo (weights moved
+// by up to 280% in the second cycle after a restart). Each step moves a
+// pod's speed by the log ratio of its live share to the solver's; near
+// full load a share moves in proportion to the speed and one step
+// suffices, but below it the solver leans to faster pods and a share
+// moves by more (for one core at utilisation u, (1+u)/(2u) times: about 2
+// at 30%), so a full step overshoots and the slow pods' speeds swing
+// further every step. A pod's step is halved each time its gap changes
+// sign, which damps the swing whatever the slope, until every share is the
+// live one to a unit of its weight. A pod behind (a backlog or at its
+// limit) or without data is left: the solver bounds its traffic, so its
+// speed does not set its share.
+func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c cycleReadings, refShares []float64, noDataShare, load float64) float64 {
+	step := make([]float64, len(set))
+	prev := make([]float64, len(set))
+	for i := range step {
+		step[i] = 1
+	}
+	// A bound on the rounds: in the tests a quarter of the restarts of
+	// pods without limits still reach it, their shares by then within
+	// 0.1-2.5% of the live ones, which the publish bar's noise covers.
+	for range 64 {
 		models := e.models(set)
-		x := solve(e.decidePods(set, models, c, refShares, load), load)
-		prop := e.params.proposalFrom(now, set, x)
-		ps := shares(set, nil)
-		sum := 0.0
-		for _, p := range prop {
-			sum += p
+		if load > 0 {
+			perCore := make([]float64, len(set))
+			for i, m := range models {
+				perCore[i] = m.v
+			}
+			if seen := offeredLoad(&c, perCore); seen > 0 && noDataShare < 1 {
+				load = seen / (1 - noDataShare)
+			}
 		}
-		for i := range ps {
-			ps[i] = prop[i] / sum
-		}
+		dp := e.decidePods(set, models, c, refShares, load)
+		ps := normalized(e.params.proposalFrom(now, set, solve(dp, load)))
+		done := true
 		for i, pod := range set {
 			st := e.pods[pod.Name]
-			if st == nil || !st.speed.known || !(refShares[i] > 0) || !(ps[i] > 0) {
+			if st == nil || !st.speed.known || !(refShares[i] > 0) || !(ps[i] > 0) || dp[i].fixed || dp[i].overloaded || !math.IsInf(dp[i].upper, 1) {
 				continue
 			}
-			st.speed.m += min(max(math.Log(refShares[i]/ps[i]), -1), 1)
+			gap := math.Log(refShares[i] / ps[i])
+			if gap*prev[i] < 0 {
+				step[i] /= 2
+			}
+			prev[i] = gap
+			if math.Abs(gap) > 1/float64(ref[pod.Name]) {
+				done = false
+			}
+			st.speed.m += min(max(step[i]*gap, -1), 1)
+		}
+		if done {
+			break
 		}
 	}
+	// The steps may move every speed alike, which the load follows and
+	// the shares do not show; the speeds' units are kept centred (as
+	// normalize keeps them each cycle), and the load in them, or the
+	// next cycles would read the old units' load against the new units'
+	// speeds.
+	e.normalize(set)
+	if load > 0 {
+		perCore := make([]float64, len(set))
+		for i, m := range e.models(set) {
+			perCore[i] = m.v
+		}
+		if seen := offeredLoad(&c, perCore); seen > 0 && noDataShare < 1 {
+			load = seen / (1 - noDataShare)
+		}
+		e.load.m = math.Log(load)
+	}
+	return load
+}
+
+// normalized returns xs over their sum (unchanged when it is not
+// positive).
+func normalized(xs []float64) []float64 {
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	if sum > 0 {
+		for i := range xs {
+			xs[i] /= sum
+		}
+	}
+	return xs
 }
 
 // shares returns each pod's share of w (0 for pods not in it).
