@@ -53,17 +53,7 @@ func Split(cores, speeds []float64, load float64) []float64 {
 	for i := range pods {
 		pods[i] = decidePod{c: cores[i], v: speeds[i], upper: math.Inf(1)}
 	}
-	x := solve(pods, load)
-	sum := 0.0
-	for _, v := range x {
-		sum += v
-	}
-	if sum > 0 {
-		for i := range x {
-			x[i] /= sum
-		}
-	}
-	return x
+	return normalized(solve(pods, load))
 }
 
 // solve returns each pod's traffic for a total load. Pods with no valid

@@ -484,23 +484,28 @@ func TestTableAndJSONOutput(t *testing.T) {
 	_ = os.Stdout
 }
 
-// The optimizer's default mode is the operator's: nothing before opt-in
-// (Istio's LEAST_REQUEST over equal weights), weighted LEAST_REQUEST until
-// the engine reports Learned, then weighted ROUND_ROBIN; optimizer_lr
-// stays on LEAST_REQUEST.
-func TestOptInAndLoadBalancerFollowLearned(t *testing.T) {
-	sc := mustParse(t, `
+// twoSpeeds is two fast and two slow pods at 70% load, reported per
+// minute; a test adds its duration, warm-up and opt-in.
+const twoSpeeds = `
 pods:
   - {name: fast, count: 2, cores: 2, speed: 1.0}
   - {name: slow, count: 2, cores: 2, speed: 0.4}
 clients: 4
 load: 0.7
-duration: 240s
-warmup: 60s
-opt_in: 60s
 per_minute: true
 work: {mean: 10ms}
 seed: 3
+`
+
+// The optimizer's default mode is the operator's: nothing before opt-in
+// (Istio's LEAST_REQUEST over equal weights), weighted LEAST_REQUEST until
+// the engine reports Learned, then weighted ROUND_ROBIN; optimizer_lr
+// stays on LEAST_REQUEST.
+func TestOptInAndLoadBalancerFollowLearned(t *testing.T) {
+	sc := mustParse(t, twoSpeeds+`
+duration: 240s
+warmup: 60s
+opt_in: 60s
 `)
 	s, r := runSim(t, sc, "optimizer")
 	if r.LearnedAt < 60 {
@@ -528,18 +533,10 @@ seed: 3
 // same queues. The first minute, served before the opt-in, is lr's to the
 // request; after it the oracle's weights and DestinationRule are in force.
 func TestOraclesAppliedAtOptIn(t *testing.T) {
-	sc := mustParse(t, `
-pods:
-  - {name: fast, count: 2, cores: 2, speed: 1.0}
-  - {name: slow, count: 2, cores: 2, speed: 0.4}
-clients: 4
-load: 0.7
+	sc := mustParse(t, twoSpeeds+`
 duration: 180s
 warmup: 0s
 opt_in: 90s
-per_minute: true
-work: {mean: 10ms}
-seed: 3
 `)
 	_, lr := runSim(t, sc, "lr")
 	for _, name := range []string{"wrr_oracle", "oracle_best", "optimizer"} {
