@@ -155,7 +155,8 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 			// filter on one noisy reading, and its misfit as noise; it is
 			// taken as the speed instead, settled, for calibrateTo to
 			// start from (a pod the live weights hold at the MaxRatio
-			// floor keeps it: no speed below some moves its share).
+			// floor keeps this reading: its share does not show its
+			// speed).
 			st.speed.m, st.speed.up, st.speed.down, st.speed.changed = hi, 0, 0, false
 			if !rd.speed.upper {
 				st.speed.m = (lo + hi) / 2

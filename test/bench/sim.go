@@ -594,14 +594,12 @@ func (s *sim) run() StrategyResult {
 			s.applyEvent(&s.sc.Events[e.pod])
 		case evOptIn:
 			s.ctl.start(s)
-			if !policyDriven {
-				s.setLB(s.def.lb) // a static oracle's DestinationRule
-			}
 			if policyDriven {
 				if next := sched.next(s); next <= s.end {
 					s.push(event{t: next, kind: evPolicy})
 				}
 			} else {
+				s.setLB(s.def.lb) // a static oracle's DestinationRule
 				s.ctl.cycle(s)
 			}
 			s.measureConvergence()
