@@ -42,6 +42,10 @@ type Engine struct {
 	noiseCycles int
 	// unmeasured counts the cycles since the noise was last measured.
 	unmeasured int
+	// coresNoise is the typical noise of a cores reading (log scale) the
+	// engine before this one measured (Snapshot.CoresNoise), for a pod
+	// whose own readings have not yet measured it; 0 without one.
+	coresNoise float64
 	// load is the offered work (busy cores times speed per core), filtered.
 	load filter
 

@@ -315,7 +315,7 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 			st.cores, st.coresResiduals, st.ceilingResiduals, st.coresNode = filter{}, nil, nil, pod.Node
 		}
 		x := math.Log(seen)
-		r := max(spreadVariance(st.coresResiduals), e.noise*e.noise)
+		r := e.coresReadingVar(st)
 		if fromCeiling {
 			r = max(r, spreadVariance(st.ceilingResiduals))
 		}
@@ -337,6 +337,22 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 			st.ceilingResiduals = appendCapped(st.ceilingResiduals, ceiling, e.params.memory())
 		}
 	}
+}
+
+// coresReadingVar is the variance of one cores reading of the pod: its
+// residuals' spread, at least the speed readings' noise. Until it has
+// three residuals to measure a spread by (after a restart, or on a new
+// node), the spread the engine before a restart measured over the
+// Service's pods (Snapshot.CoresNoise) stands in for it: without it the
+// first readings after a restart were judged by the speed readings' noise
+// alone, which at low load is far below that of cores read from a latency
+// that barely queues, and their drift passed the publish bar.
+func (e *Engine) coresReadingVar(st *podState) float64 {
+	v := max(spreadVariance(st.coresResiduals), e.noise*e.noise)
+	if len(st.coresResiduals) < 3 {
+		v = max(v, e.coresNoise*e.coresNoise)
+	}
+	return v
 }
 
 // robustVariance is the variance of residuals by their median absolute
@@ -532,7 +548,7 @@ func (e *Engine) models(set []Pod) []podModel {
 					// for a second; the bar's variance is untouched.
 					m.logVar += unknownVar
 				}
-				m.barVar += min(st.cores.v, e.params.Smoothing*max(spreadVariance(st.coresResiduals), e.noise*e.noise)*inflation)
+				m.barVar += min(st.cores.v, e.params.Smoothing*e.coresReadingVar(st)*inflation)
 			} else if !knownCores(pod) {
 				m.logVar += unknownVar
 				m.barVar += unknownVar

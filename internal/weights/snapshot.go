@@ -17,6 +17,10 @@ type Snapshot struct {
 	NoiseCycles int `json:"noiseCycles"`
 	// CycleSeconds is the time between cycles with data.
 	CycleSeconds float64 `json:"cycleSeconds,omitempty"`
+	// CoresNoise is the typical noise of one cores reading of a pod
+	// without a CPU limit (log scale): the median over such pods of their
+	// residuals' spread; 0 when no pod has measured one.
+	CoresNoise float64 `json:"coresNoise,omitempty"`
 }
 
 // Snapshot returns the engine's learned noise. Zero (Valid false) before
@@ -25,7 +29,17 @@ func (e *Engine) Snapshot() Snapshot {
 	if e.noiseCycles == 0 {
 		return Snapshot{}
 	}
-	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds()}
+	var spreads []float64
+	for _, st := range e.pods {
+		if st.cores.known && len(st.coresResiduals) >= 3 {
+			spreads = append(spreads, math.Sqrt(spreadVariance(st.coresResiduals)))
+		}
+	}
+	cores := 0.0
+	if len(spreads) > 0 {
+		cores = boundNoise(median(spreads))
+	}
+	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds(), CoresNoise: cores}
 }
 
 // Valid reports whether s holds a measured noise in the engine's range
@@ -40,9 +54,13 @@ func (s Snapshot) Valid() bool {
 // estimates' memory: a policy's jitter of up to half a scrape interval
 // either way moves one gap by up to 25% of a 30 s cycle, its mean over 20
 // gaps by about 2%, while a changed cycle setting moves it by more), and the
-// same count of cycles up to the few the noise is first averaged over.
-// Noise keeps moving a little every cycle; persisting each move would
-// write every cycle.
+// same count of cycles up to the few the noise is first averaged over,
+// and the cores readings' noise measured or not and within a factor of two
+// (a median of spreads over 20 readings a pod, it wanders by a quarter;
+// within 20% it was worth writing 5-15 times in 200 cycles, and as the
+// prior of a restart's first three readings a factor of two is close
+// enough). Noise keeps moving a little every cycle; persisting each move
+// would write every cycle.
 func (s Snapshot) Similar(o Snapshot) bool {
 	if s.Valid() != o.Valid() {
 		return false
@@ -52,7 +70,8 @@ func (s Snapshot) Similar(o Snapshot) bool {
 	}
 	near := func(a, b, tol float64) bool { return math.Abs(math.Log(max(a, 1e-9)/max(b, 1e-9))) <= tol }
 	return near(s.Noise, o.Noise, 0.2) && near(s.CycleSeconds, o.CycleSeconds, 0.1) &&
-		min(s.NoiseCycles, 5) == min(o.NoiseCycles, 5)
+		min(s.NoiseCycles, 5) == min(o.NoiseCycles, 5) &&
+		(s.CoresNoise > 0) == (o.CoresNoise > 0) && (s.CoresNoise == 0 || near(s.CoresNoise, o.CoresNoise, math.Ln2))
 }
 
 // SeedSettled is Seed for a manager that takes over from one that ran
@@ -60,7 +79,8 @@ func (s Snapshot) Similar(o Snapshot) bool {
 // cycle with data takes the capacities that make them the solver's answer
 // at the load it measures, and their variances are those of estimates
 // that have settled (a settled filter's variance is Smoothing times a
-// reading's), with the noise s measured restored. The live weights do not
+// reading's), with the noises s measured restored (of a speed reading,
+// and of a cores reading of a pod without a limit). The live weights do not
 // show a pod's cores apart from its speed, so a pod without a CPU limit
 // takes its cores from its first reading, as a settled estimate too: the
 // engine before had learned them, and an estimate resting on one fresh
@@ -75,6 +95,9 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 		e.noiseCycles = min(s.NoiseCycles, e.params.memory())
 		if c := time.Duration(s.CycleSeconds * float64(time.Second)); c > 0 && !math.IsInf(s.CycleSeconds, 0) {
 			e.meanCycle, e.gaps = c, e.params.memory()
+		}
+		if s.CoresNoise > 0 && !math.IsInf(s.CoresNoise, 0) {
+			e.coresNoise = boundNoise(s.CoresNoise)
 		}
 	}
 	e.seed(now, w, e.params.Smoothing*e.noise*e.noise)

@@ -99,10 +99,21 @@ func TestSnapshotValidAndSimilar(t *testing.T) {
 		"none":                 {s: Snapshot{}},
 		"NaN noise":            {s: Snapshot{Noise: math.NaN(), NoiseCycles: 5}},
 		"noise beyond the cap": {s: Snapshot{Noise: 3, NoiseCycles: 5}},
+		"cores noise measured": {s: Snapshot{Noise: 0.1, NoiseCycles: 5, CycleSeconds: 30, CoresNoise: 0.05}, valid: true},
 	}
 	for name, tc := range tests {
 		if tc.s.Valid() != tc.valid || tc.s.Similar(base) != tc.close {
 			t.Errorf("%s: Valid %v Similar %v, want %v %v", name, tc.s.Valid(), tc.s.Similar(base), tc.valid, tc.close)
+		}
+	}
+	// The cores readings' noise is a prior for a restart's first
+	// readings: rewritten only past a factor of two.
+	cores := Snapshot{Noise: 0.1, NoiseCycles: 5, CycleSeconds: 30, CoresNoise: 0.05}
+	for v, close := range map[float64]bool{0.09: true, 0.03: true, 0.11: false, 0.02: false} {
+		o := cores
+		o.CoresNoise = v
+		if o.Similar(cores) != close {
+			t.Errorf("cores noise %v against %v: Similar %v, want %v", v, cores.CoresNoise, !close, close)
 		}
 	}
 }
