@@ -88,10 +88,6 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		e.lastUpdate = now
 	}
 	models := e.models(set)
-	perCore := make([]float64, len(set))
-	for i, m := range models {
-		perCore[i] = m.v
-	}
 	ref := e.reference()
 	refShares := shares(set, ref)
 	noDataShare := 0.0
@@ -100,8 +96,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			noDataShare += refShares[i]
 		}
 	}
-	if seen := offeredLoad(&c, perCore); seen > 0 && noDataShare < 1 {
-		total := seen / (1 - noDataShare)
+	if total := totalLoad(&c, models, noDataShare); total > 0 {
 		if obs.Early {
 			e.load.m = max(e.load.m, math.Log(total)) // a rising load is not averaged away
 		} else {
@@ -245,14 +240,8 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 	// 0.1-2.5% of the live ones, which the publish bar's noise covers.
 	for range 64 {
 		models := e.models(set)
-		if load > 0 {
-			perCore := make([]float64, len(set))
-			for i, m := range models {
-				perCore[i] = m.v
-			}
-			if seen := offeredLoad(&c, perCore); seen > 0 && noDataShare < 1 {
-				load = seen / (1 - noDataShare)
-			}
+		if total := totalLoad(&c, models, noDataShare); load > 0 && total > 0 {
+			load = total
 		}
 		dp := e.decidePods(set, models, c, refShares, load)
 		ps := normalized(e.params.proposalFrom(now, set, solve(dp, load)))
@@ -283,16 +272,26 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 	// speeds.
 	e.normalize(set)
 	if load > 0 {
-		perCore := make([]float64, len(set))
-		for i, m := range e.models(set) {
-			perCore[i] = m.v
-		}
-		if seen := offeredLoad(&c, perCore); seen > 0 && noDataShare < 1 {
-			load = seen / (1 - noDataShare)
+		if total := totalLoad(&c, e.models(set), noDataShare); total > 0 {
+			load = total
 		}
 		e.load.m = math.Log(load)
 	}
 	return load
+}
+
+// totalLoad is the Service's offered work in the speeds of models (busy
+// cores times speed per core): what the pods with data did, scaled up by
+// the reference share of those without; 0 when nothing measures it.
+func totalLoad(c *cycleReadings, models []podModel, noDataShare float64) float64 {
+	perCore := make([]float64, len(models))
+	for i, m := range models {
+		perCore[i] = m.v
+	}
+	if seen := offeredLoad(c, perCore); seen > 0 && noDataShare < 1 {
+		return seen / (1 - noDataShare)
+	}
+	return 0
 }
 
 // normalized returns xs over their sum (unchanged when it is not

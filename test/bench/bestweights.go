@@ -124,11 +124,8 @@ func bestSplit(c []int, mu []float64, lambda float64) []float64 {
 	return out
 }
 
-// bestCtl publishes the best static weights at the start and whenever the
-// capacities or the pod set change, like oracleCtl: the bound on what
-// weights alone can do, given perfect knowledge.
-type bestCtl struct{}
-
+// bestWeights are the best static weights: the bound on what weights
+// alone can do, given perfect knowledge (see staticCtl).
 func bestWeights(s *sim) []float64 {
 	c := make([]float64, len(s.hosts))
 	mu := make([]float64, len(s.hosts))
@@ -146,17 +143,4 @@ func bestWeights(s *sim) []float64 {
 		w[h] = math.Round(1000 * x[i] / mean) // below 1 is published as 1
 	}
 	return w
-}
-
-func (bestCtl) start(s *sim) { s.publish(bestWeights(s)) }
-func (bestCtl) cycle(*sim)   {}
-func (bestCtl) podsChanged(s *sim) {
-	if s.applied() {
-		s.publish(bestWeights(s))
-	}
-}
-func (bestCtl) truthChanged(s *sim) {
-	if s.applied() {
-		s.publish(bestWeights(s))
-	}
 }

@@ -5,10 +5,11 @@ import (
 	"slices"
 )
 
-// oracleCtl publishes weights proportional to every pod's true capacity
-// (cores x speed), at the start and whenever the capacity or the pod set
-// changes: the limit for static weights.
-type oracleCtl struct{}
+// staticCtl publishes the weights its rule computes from the truth, at
+// its start and, once applied, whenever the capacities, the load or the
+// pod set change: the oracles, the limits for static weights. oracleWeights
+// gives capacity-proportional weights, bestWeights the best static ones.
+type staticCtl struct{ weights func(s *sim) []float64 }
 
 func oracleWeights(s *sim) []float64 {
 	w := make([]float64, s.P)
@@ -23,16 +24,12 @@ func oracleWeights(s *sim) []float64 {
 	return w
 }
 
-func (oracleCtl) start(s *sim) { s.publish(oracleWeights(s)) }
-func (oracleCtl) cycle(*sim)   {}
-func (oracleCtl) podsChanged(s *sim) {
+func (c staticCtl) start(s *sim)       { s.publish(c.weights(s)) }
+func (staticCtl) cycle(*sim)           {}
+func (c staticCtl) podsChanged(s *sim) { c.truthChanged(s) }
+func (c staticCtl) truthChanged(s *sim) {
 	if s.applied() {
-		s.publish(oracleWeights(s))
-	}
-}
-func (oracleCtl) truthChanged(s *sim) {
-	if s.applied() {
-		s.publish(oracleWeights(s))
+		s.publish(c.weights(s))
 	}
 }
 

@@ -430,9 +430,9 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 	}
 	switch def.ctl {
 	case ctlOracle:
-		s.ctl = &oracleCtl{}
+		s.ctl = staticCtl{oracleWeights}
 	case ctlBest:
-		s.ctl = &bestCtl{}
+		s.ctl = staticCtl{bestWeights}
 	case ctlSeedDev:
 		s.ctl = &seedDevCtl{}
 		s.needProm = true
