@@ -271,36 +271,41 @@ func TestRestartWritesNothingWhateverTheQueries(t *testing.T) {
 }
 
 // The same at any load, on pods of unlike cores, with or without limits,
-// with the CPU rate steady or ±20%: below full load the solver leans to
-// fast pods, so a share moves by more than the speed behind it, and the
-// speeds the first cycle takes from the live weights must still be the
-// pods' own. Taken by full fixed-point steps at the load of the old
-// units, 14 of these 64 restarts wrote in their first five cycles, moving
-// weights by up to 1176%; with the steps fixed, 2 still did, of pods
-// without limits at 30% load, until the snapshot carried the cores
-// readings' noise (Snapshot.CoresNoise): without it a cores estimate has
-// no residuals after a restart to measure its readings' noise by, the bar
-// rested on the CPU's 2% noise, and cores read from a latency that barely
-// queues drifted past it by the third or fourth cycle (moves of 14-17%).
+// with the CPU rate steady or ±20%, or ±20% on the latency or on the node
+// CPU: below full load the solver leans to fast pods, so a share moves by
+// more than the speed behind it, and the speeds the first cycle takes from
+// the live weights must still be the pods' own. Taken by full fixed-point
+// steps at the load of the old units, 14 of 64 restarts with a noisy CPU
+// rate wrote in their first five cycles, moving weights by up to 1176%;
+// cores read from a latency that barely queues drifted past a bar that
+// rested on the CPU's 2% noise until the snapshot carried the cores
+// readings' noise (Snapshot.CoresNoise), and past one that rested on a
+// pod's first three residuals until that noise stood for a memory of
+// them; and near full load a node's noisy CPU read pods as at their
+// ceiling in the first cycle (see restartCeilings).
 func TestRestartWritesNothingAtAnyLoad(t *testing.T) {
+	type noisy struct {
+		signal string
+		noise  float64
+	}
 	wrote := 0
 	for _, limited := range []bool{true, false} {
 		for _, load := range []float64{0.3, 0.5, 0.7, 0.9} {
-			for _, noise := range []float64{0.02, 0.2} {
-				for seed := range uint64(4) {
+			for _, n := range []noisy{{"cpu", 0.02}, {"cpu", 0.2}, {"latency", 0.2}, {"node", 0.2}} {
+				for seed := range uint64(2) {
 					s := newService(t, limited, load, seed)
-					s.noisy, s.noise, s.recentCPU = "cpu", noise, seed%2 == 0
+					s.noisy, s.noise, s.recentCPU = n.signal, n.noise, seed%2 == 0
 					s.converge(200)
 					snap := s.e.Snapshot()
 					if !snap.Valid() {
-						t.Fatalf("limits %v load %v noise %v seed %d: no snapshot after 200 cycles", limited, load, noise, seed)
+						t.Fatalf("limits %v load %v %s ±%v seed %d: no snapshot after 200 cycles", limited, load, n.signal, n.noise, seed)
 					}
 					s.e = New(DefaultParams())
 					s.e.SeedSettled(s.now, s.live, snap)
 					for k := range 5 {
 						if res := s.step(); res.Changed {
 							wrote++
-							t.Logf("limits %v load %v noise %v seed %d, cycle %d after the restart: %s", limited, load, noise, seed, k+1, res.Message)
+							t.Logf("limits %v load %v %s ±%v seed %d, cycle %d after the restart: %s", limited, load, n.signal, n.noise, seed, k+1, res.Message)
 							break
 						}
 					}

@@ -340,16 +340,20 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 }
 
 // coresReadingVar is the variance of one cores reading of the pod: its
-// residuals' spread, at least the speed readings' noise. Until it has
-// three residuals to measure a spread by (after a restart, or on a new
-// node), the spread the engine before a restart measured over the
-// Service's pods (Snapshot.CoresNoise) stands in for it: without it the
-// first readings after a restart were judged by the speed readings' noise
-// alone, which at low load is far below that of cores read from a latency
-// that barely queues, and their drift passed the publish bar.
+// residuals' spread, at least the speed readings' noise. Until it has a
+// memory of residuals (after a restart, or on a new node), the spread the
+// engine before a restart measured over the Service's pods
+// (Snapshot.CoresNoise, a median over pods of spreads of a memory of
+// readings each) is its floor: without it the first readings after a
+// restart were judged by the speed readings' noise alone, which at low
+// load is far below that of cores read from a latency that barely queues,
+// and their drift passed the publish bar; and an interquartile range of
+// three or four residuals is small by chance often enough that, taken
+// alone once there were three, the bar fell by two thirds in one cycle
+// under the same drift (±20% on the latency at 40% load).
 func (e *Engine) coresReadingVar(st *podState) float64 {
 	v := max(spreadVariance(st.coresResiduals), e.noise*e.noise)
-	if len(st.coresResiduals) < 3 {
+	if len(st.coresResiduals) < e.params.memory() {
 		v = max(v, e.coresNoise*e.coresNoise)
 	}
 	return v
