@@ -95,10 +95,11 @@
 // Result.Weights when Result.Changed, then calls Applied. After
 // SeedSettled the first cycle with data takes the capacities that make the
 // live weights the solver's answer (each pod's speed from that cycle's
-// reading, adjusted until the solver gives back its live share, and a pod
-// without a limit its cores from its first reading, as a settled
-// estimate), so a restart moves
-// nothing the data does not show and a learned engine stays Learned. The
-// endpoint mirror calls Weights when pods come and go.
+// reading, adjusted until the solver gives back its live share; a pod
+// without a limit takes its cores from its first reading, as a settled
+// estimate, and has them adjusted instead, a speed being read far more
+// precisely), so a restart moves nothing the data does not show and a
+// learned engine stays Learned. The endpoint mirror calls Weights when
+// pods come and go.
 // An Engine is not safe for concurrent use.
 package weights

@@ -155,9 +155,10 @@ func noisyCeilings(set []Pod, c *cycleReadings, floors []float64) {
 // its first cores reading, clamped at the ceiling, started its estimate
 // as settled (a 4-core pod at 3.4), so the second cycle cut it by up to
 // 12% (6 of 40 restarts at 80-90% load in the calm tests' grid). A pod
-// with CPU alone keeps its ceiling's limit, its only cores reading. A pod
-// that is really starved shows it in its queue, and the next cycle's
-// ceiling is judged against its estimate.
+// whose queue is not read (no latency or no request rates) keeps its
+// ceiling's limit, its only cores reading. A pod that is really starved
+// shows it in its queue, and the next cycle's ceiling is judged against
+// its estimate.
 func restartCeilings(set []Pod, c *cycleReadings) {
 	for i, pod := range set {
 		r := &c.pods[i]

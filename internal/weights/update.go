@@ -229,9 +229,10 @@ func (e *Engine) decidePods(set []Pod, models []podModel, c cycleReadings, refSh
 // at 30%), so a full step overshoots and the slow pods' speeds swing
 // further every step. A pod's step is halved each time its gap changes
 // sign, which damps the swing whatever the slope, until every share is the
-// live one to a unit of its weight. A pod behind (a backlog or at its
-// limit) or without data is left: the solver bounds its traffic, so its
-// speed does not set its share.
+// live one to a unit of its weight. A pod without a limit has its cores
+// moved instead, within its bounds (see calibratesCores). A pod behind (a
+// backlog or at its limit) or without data is left: the solver bounds its
+// traffic, so its speed does not set its share.
 func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c cycleReadings, refShares []float64, noDataShare, load float64) float64 {
 	step := make([]float64, len(set))
 	prev := make([]float64, len(set))
