@@ -153,8 +153,9 @@ func noisyCeilings(set []Pod, c *cycleReadings, floors []float64) {
 // work puts a pod at 93% of its cores at its ceiling in two cycles of
 // five): taken as saturated, the pod was left out of the calibration and
 // its first cores reading, clamped at the ceiling, started its estimate
-// as settled (a 4-core pod at 3.4), so the second cycle cut it by up to
-// 12% (6 of 40 restarts at 80-90% load in the calm tests' grid). A pod
+// as settled (a 4-core pod at 3.4), so the second cycle moved weights by
+// up to 12% (6 of 8 restarts of the calm tests' Service without limits at
+// 80-90% load with the node CPU ±20%). A pod
 // whose queue is not read (no latency or no request rates) keeps its
 // ceiling's limit, its only cores reading. A pod that is really starved
 // shows it in its queue, and the next cycle's ceiling is judged against
