@@ -155,11 +155,12 @@ func noisyCeilings(set []Pod, c *cycleReadings, floors []float64) {
 // its first cores reading, clamped at the ceiling, started its estimate
 // as settled (a 4-core pod at 3.4), so the second cycle moved weights by
 // up to 12% (6 of 8 restarts of the calm tests' Service without limits at
-// 80-90% load with the node CPU ±20%). A pod
-// whose queue is not read (no latency or no request rates) keeps its
-// ceiling's limit, its only cores reading. A pod that is really starved
-// shows it in its queue, and the next cycle's ceiling is judged against
-// its estimate.
+// 80-90% load with the node CPU ±20%). A pod whose queue is not read (no
+// latency, or no request rates, or speeds from CPU alone) keeps its
+// ceiling's limit: its only cores reading, and with CPU alone what tells
+// its overload from blindness (see markBlind). A pod that is really
+// starved shows it in its queue, and the next cycle's ceiling is judged
+// against its estimate.
 func restartCeilings(set []Pod, c *cycleReadings) {
 	for i, pod := range set {
 		r := &c.pods[i]
@@ -167,7 +168,7 @@ func restartCeilings(set []Pod, c *cycleReadings) {
 			continue
 		}
 		r.saturated = false
-		if r.hasLatency && r.hasRequests {
+		if c.fromRequests && r.hasLatency && r.hasRequests {
 			r.limit = 0
 		}
 	}
