@@ -318,6 +318,43 @@ func TestRestartWritesNothingAtAnyLoad(t *testing.T) {
 	}
 }
 
+// A pod without data in the first cycle after a restart is calibrated at
+// its first cycle with data, as the others were at theirs: calibrated
+// with them, its seeded speed (its live weight) was read as news by its
+// first reading, and 5 of these 72 restarts wrote in their first five
+// cycles (moves of 10-188%).
+func TestRestartWithAPodWithoutDataWritesNothing(t *testing.T) {
+	wrote := 0
+	for _, limited := range []bool{true, false} {
+		for _, load := range []float64{0.3, 0.6, 0.9} {
+			for _, noise := range []float64{0.05, 0.2} {
+				for seed := range uint64(6) {
+					s := newService(t, limited, load, seed)
+					s.noisy, s.noise = "cpu", noise
+					s.converge(200)
+					snap := s.e.Snapshot()
+					s.e = New(DefaultParams())
+					s.e.SeedSettled(s.now, s.live, snap)
+					s.now = s.now.Add(30 * time.Second)
+					obs := s.observe(1)
+					delete(obs.Signals, s.pods[2].Name)
+					res := s.apply(s.e.Update(s.pods, obs))
+					for k := 0; k < 5; k, res = k+1, s.step() {
+						if res.Changed {
+							wrote++
+							t.Logf("limits %v load %v ±%v seed %d, cycle %d after the restart: %s", limited, load, noise, seed, k+1, res.Message)
+							break
+						}
+					}
+				}
+			}
+		}
+	}
+	if wrote > 0 {
+		t.Errorf("%d of 72 restarts with a pod without data in the first cycle wrote in their first five cycles, want none", wrote)
+	}
+}
+
 // A partial answer moves no weight of a pod without data, says which pods
 // lacked it, and moves the others only as far as their own data shows:
 // with the pods' cores known, and with nothing known of any pod's cores

@@ -93,12 +93,12 @@
 // with a persisted Snapshot, SeedSettled) with the weights found in an
 // existing ServiceEntry after a restart, calls Update every cycle, writes
 // Result.Weights when Result.Changed, then calls Applied. After
-// SeedSettled the first cycle with data takes the capacities that make the
-// live weights the solver's answer (each pod's speed from that cycle's
+// SeedSettled each pod's first cycle with data takes the capacity that
+// makes its live weight the solver's answer (its speed from that cycle's
 // reading, adjusted until the solver gives back its live share; a pod
 // without a limit takes its cores from its first reading, as a settled
-// estimate, and has them adjusted instead, a speed being read far more
-// precisely), so a restart moves nothing the data does not show and a
+// estimate, and has the adjustment shared with them by the two readings'
+// noises, a speed being read far more precisely), so a restart moves nothing the data does not show and a
 // learned engine stays Learned. The endpoint mirror calls Weights when
 // pods come and go.
 // An Engine is not safe for concurrent use.

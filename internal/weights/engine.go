@@ -29,10 +29,6 @@ type Engine struct {
 	// whose traffic shares no weight tells, so CPU alone reads no speed
 	// over it.
 	appliedSince time.Time
-	// calibrate: the live weights came from an engine that ran before
-	// (SeedSettled); the first cycle with data takes the capacities that
-	// make them the optimum (see calibrateTo).
-	calibrate bool
 
 	pods    map[string]*podState
 	classes map[string]float64 // hardware class -> log speed per core
@@ -76,6 +72,13 @@ type podState struct {
 	// each cycle it is read, whether or not it was the cycle's reading.
 	ceilingResiduals []float64
 	coresNode        string
+	// calibrate: the pod's live weight came from an engine that ran
+	// before (SeedSettled); its first cycle with a speed reading takes
+	// the capacity that makes that weight the optimum (see calibrateTo).
+	// A pod without data in the first cycle after a restart waits for
+	// its own: calibrated with the others, its seeded speed (the live
+	// weight itself) was read as news by its first reading.
+	calibrate bool
 	// coresSettled: the first cores reading starts a settled estimate,
 	// not a fresh one (SeedSettled: the engine before had learned it).
 	coresSettled bool

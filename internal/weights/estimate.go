@@ -136,7 +136,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 	e.cpuNoiseFloor(set)
 	r := e.noise * e.noise
 	var residuals []float64
-	learned := 0
+	learned, started := 0, 0 // started: readings taken as a restart's starting speeds
 	typical := e.typicalSpeed(set)
 	for i, pod := range set {
 		rd := c.pods[i]
@@ -148,7 +148,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		lo, hi := rd.speed.lo-scale, rd.speed.hi-scale
 		learned++
 		st.fromData = true
-		if e.calibrate {
+		if st.calibrate {
 			// The first cycle after SeedSettled: the seeded speeds are the
 			// live weights (capacities, not speeds per core). Judged
 			// against them a reading would read as a jump, restarting the
@@ -157,6 +157,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 			// start from (a pod the live weights hold at the MaxRatio
 			// floor keeps this reading: its share does not show its
 			// speed).
+			started++
 			st.speed.m, st.speed.up, st.speed.down, st.speed.changed = hi, 0, 0, false
 			if !rd.speed.upper {
 				st.speed.m = (lo + hi) / 2
@@ -192,7 +193,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		}
 		st.speed.update(lo, hi, r, e.overlapInflation(), e.params, false)
 	}
-	if !keepNoise && !e.calibrate {
+	if !keepNoise && started == 0 {
 		e.measureNoise(residuals)
 	}
 	e.updateCores(set, c)

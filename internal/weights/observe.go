@@ -161,10 +161,10 @@ func noisyCeilings(set []Pod, c *cycleReadings, floors []float64) {
 // its overload from blindness (see markBlind). A pod that is really
 // starved shows it in its queue, and the next cycle's ceiling is judged
 // against its estimate.
-func restartCeilings(set []Pod, c *cycleReadings) {
+func restartCeilings(set []Pod, c *cycleReadings, calibrating []bool) {
 	for i, pod := range set {
 		r := &c.pods[i]
-		if knownCores(pod) {
+		if knownCores(pod) || !calibrating[i] {
 			continue
 		}
 		r.saturated = false

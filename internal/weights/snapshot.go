@@ -75,11 +75,11 @@ func (s Snapshot) Similar(o Snapshot) bool {
 }
 
 // SeedSettled is Seed for a manager that takes over from one that ran
-// before: the live weights are what that engine decided, so the first
-// cycle with data takes the capacities that make them the solver's answer
-// at the load it measures, and their variances are those of estimates
-// that have settled (a settled filter's variance is Smoothing times a
-// reading's), with the noises s measured restored (of a speed reading,
+// before: the live weights are what that engine decided, so each pod's
+// first cycle with data takes the capacity that makes its weight the
+// solver's answer at the load it measures, with the variances of
+// estimates that have settled (a settled filter's variance is Smoothing
+// times a reading's), and with the noises s measured restored (of a speed reading,
 // and of a cores reading of a pod without a limit). The live weights do not
 // show a pod's cores apart from its speed, so a pod without a CPU limit
 // takes its cores from its first reading, as a settled estimate too: the
@@ -105,7 +105,7 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 		if st := e.pods[name]; st != nil {
 			st.speed.n = e.params.memory()
 			st.coresSettled = true
+			st.calibrate = true
 		}
 	}
-	e.calibrate = true
 }

@@ -36,9 +36,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 
 	// Observe.
 	noisyCeilings(set, &c, e.coresFloors(set))
-	if e.calibrate {
-		restartCeilings(set, &c)
-	}
+	restartCeilings(set, &c, e.calibrateSet(set, nil))
 	prior := make([][]float64, len(set))
 	for i, pod := range set {
 		if st := e.pods[pod.Name]; st != nil {
@@ -126,11 +124,15 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		load = math.Exp(e.load.m)
 	}
 	dp := e.decidePods(set, models, c, refShares, load)
-	if e.calibrate {
-		load = e.calibrateTo(now, set, ref, c, refShares, noDataShare, load)
+	if cal := e.calibrateSet(set, &c); slices.Contains(cal, true) {
+		load = e.calibrateTo(now, set, ref, c, refShares, noDataShare, load, cal)
 		models = e.models(set)
 		dp = e.decidePods(set, models, c, refShares, load)
-		e.calibrate = false
+		for i, pod := range set {
+			if cal[i] {
+				e.pods[pod.Name].calibrate = false
+			}
+		}
 	}
 	x := solve(dp, load)
 	proposal := e.params.proposalFrom(now, set, x)
@@ -229,11 +231,13 @@ func (e *Engine) decidePods(set []Pod, models []podModel, c cycleReadings, refSh
 // at 30%), so a full step overshoots and the slow pods' speeds swing
 // further every step. A pod's step is halved each time its gap changes
 // sign, which damps the swing whatever the slope, until every share is the
-// live one to a unit of its weight. A pod without a limit has its cores
-// moved instead, within its bounds (see calibratesCores). A pod behind (a
-// backlog or at its limit) or without data is left: the solver bounds its
-// traffic, so its speed does not set its share.
-func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c cycleReadings, refShares []float64, noDataShare, load float64) float64 {
+// live one to a unit of its weight. A pod without a limit has each step
+// shared with its cores, within their bounds (see coresShare). Only the
+// pods marked in cal move (see calibrateSet: a pod without data this cycle
+// waits for its first cycle with data). A pod behind (a backlog or at its
+// limit) is left: the solver bounds its traffic, so its speed does not
+// set its share.
+func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c cycleReadings, refShares []float64, noDataShare, load float64, cal []bool) float64 {
 	step := make([]float64, len(set))
 	prev := make([]float64, len(set))
 	for i := range step {
@@ -252,7 +256,7 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 		done := true
 		for i, pod := range set {
 			st := e.pods[pod.Name]
-			if st == nil || !st.speed.known || !(refShares[i] > 0) || !(ps[i] > 0) || dp[i].fixed || dp[i].overloaded || !math.IsInf(dp[i].upper, 1) {
+			if !cal[i] || st == nil || !st.speed.known || !(refShares[i] > 0) || !(ps[i] > 0) || dp[i].fixed || dp[i].overloaded || !math.IsInf(dp[i].upper, 1) {
 				continue
 			}
 			gap := math.Log(refShares[i] / ps[i])
@@ -264,8 +268,8 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 				done = false
 			}
 			d := min(max(step[i]*gap, -1), 1)
-			if e.calibratesCores(pod, st) {
-				m := st.cores.m + d
+			if share := e.coresShare(pod, st); share > 0 {
+				m := st.cores.m + share*d
 				lo, hi := coresBounds(pod)
 				if lo > 0 {
 					m = max(m, math.Log(lo))
@@ -297,9 +301,23 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 	return load
 }
 
-// calibratesCores reports whether calibrateTo moves the pod's cores
-// rather than its speed: a pod's capacity is its speed times its cores,
-// and the step goes to the less certain of the two. A speed is read to
+// calibrateSet marks the pods still to be calibrated after a restart:
+// with c, those with a speed reading this cycle (estimate took it as their
+// starting speed); without, all of them.
+func (e *Engine) calibrateSet(set []Pod, c *cycleReadings) []bool {
+	out := make([]bool, len(set))
+	for i, pod := range set {
+		st := e.pods[pod.Name]
+		out[i] = st != nil && st.calibrate && (c == nil || c.pods[i].speed.ok)
+	}
+	return out
+}
+
+// coresShare is the share of a calibration step that goes to the pod's
+// cores rather than its speed: a pod's capacity is its speed times its
+// cores, and with independent errors the likeliest correction of a
+// product moves each factor in proportion to its variance. 0 for a pod
+// whose cores are its limit or not yet read on its node. A speed is read to
 // the speed readings' noise every cycle (1-2%); the cores of a pod without
 // a limit rest, after a restart, on one reading of its queue or node,
 // whose noise (Snapshot.CoresNoise) the calm tests measure at 5-18% with
@@ -307,11 +325,18 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 // calibration turned a cores reading 12% low into a speed 58% high (at 30%
 // load the solver leans to fast pods, so a share moves by more than the
 // capacity behind it), which the next cycle's speed reading undid:
-// weights moved by up to 711%. The cores move only within the pod's
-// bounds (its CPU request and node size), past which they would not
-// change its share; the rest of a step goes to the speed.
-func (e *Engine) calibratesCores(pod Pod, st *podState) bool {
-	return !knownCores(pod) && st.cores.known && st.coresNode == pod.Node && e.coresReadingVar(st) > e.noise*e.noise
+// weights moved by up to 711%; given to the cores only when their
+// reading was the noisier, a cores reading 19% off with the CPU rate ±5%
+// (the two variances alike) still went all to the speed, and a write
+// (547%) followed once the speed readings had restarted its filter. The cores move only
+// within the pod's bounds (its CPU request and node size), past which
+// they would not change its share; the rest of a step goes to the speed.
+func (e *Engine) coresShare(pod Pod, st *podState) float64 {
+	if knownCores(pod) || !st.cores.known || st.coresNode != pod.Node {
+		return 0
+	}
+	vc, vs := e.coresReadingVar(st), e.noise*e.noise
+	return vc / (vc + vs)
 }
 
 // totalLoad is the Service's offered work in the speeds of models (busy
