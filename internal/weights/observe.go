@@ -291,7 +291,16 @@ func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []seg
 		case !cpuWindowsValid:
 			continue
 		default:
-			r.speed.lo, r.speed.hi = math.Log(r.shareLo/r.cpu), math.Log(r.shareHi/r.cpu)
+			// A pod at its CPU limit used the limit: a reading above it is
+			// the rate's noise (rate() extrapolates over misaligned
+			// scrapes), and its speed is at most its share over the
+			// limit, not over that reading. A node's ceiling is itself a
+			// reading, and is not put above the pod's own.
+			cpu := r.cpu
+			if r.saturated && knownCores(pod) {
+				cpu = min(cpu, pod.Cores)
+			}
+			r.speed.lo, r.speed.hi = math.Log(r.shareLo/cpu), math.Log(r.shareHi/cpu)
 			r.speed.upper = r.saturated
 		}
 		r.speed.ok = !math.IsNaN(r.speed.lo) && !math.IsInf(r.speed.lo, 0) && !math.IsInf(r.speed.hi, 0)
