@@ -322,14 +322,14 @@ func TestRestartWritesNothingAtAnyLoad(t *testing.T) {
 // A pod without data in the first cycle after a restart is calibrated at
 // its first cycle with data, as the others were at theirs: calibrated
 // with them, its seeded speed (its live weight) was read as news by its
-// first reading, and 5 of these 72 restarts wrote in their first five
-// cycles (moves of 10-188%).
+// first reading, and 2 of these 36 restarts wrote in their first five
+// cycles (5 of 72 over seeds 0-5, moves of 10-188%).
 func TestRestartWithAPodWithoutDataWritesNothing(t *testing.T) {
 	wrote := 0
 	for _, limited := range []bool{true, false} {
 		for _, load := range []float64{0.3, 0.6, 0.9} {
 			for _, noise := range []float64{0.05, 0.2} {
-				for seed := range uint64(6) {
+				for seed := range uint64(3) {
 					s := newService(t, limited, load, seed)
 					s.noisy, s.noise = "cpu", noise
 					s.converge(200)
@@ -352,7 +352,7 @@ func TestRestartWithAPodWithoutDataWritesNothing(t *testing.T) {
 		}
 	}
 	if wrote > 0 {
-		t.Errorf("%d of 72 restarts with a pod without data in the first cycle wrote in their first five cycles, want none", wrote)
+		t.Errorf("%d of 36 restarts with a pod without data in the first cycle wrote in their first five cycles, want none", wrote)
 	}
 }
 
