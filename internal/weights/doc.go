@@ -20,7 +20,8 @@
 //     may have covered (an interval, see timeline.go: a weight change inside
 //     the window widens it, so it is never mistaken for a change of speed).
 //     A pod at its CPU limit on CPU alone gives a censored reading: its speed
-//     is at most that. The cores of a pod without a limit come from its
+//     is at most its share over the limit (a CPU reading above the limit is
+//     noise). The cores of a pod without a limit come from its
 //     latency (Erlang C) or its node's idle CPU. A backlog is the queue
 //     beyond a pod's usual: sent minus served while the clients follow the
 //     weights, and by Little's law its request rate times the latency beyond
