@@ -11,24 +11,24 @@
 //   - Timing. The first cycle runs as soon as the endpoints are known at
 //     opt-in (OptIn), on the query window from before it; then one cycle
 //     every Config.Cycle, give or take half a scrape interval of jitter,
-//     counted from the last cycle of either kind. Between cycles, while a look is wanted
-//     (ROUND_ROBIN is live on learned weights, so nothing steers around a
-//     queue), a look at the recent latency every Config.LookInterval, on
-//     the interval's multiples on the clock (shared by all optimizers), up
-//     to the regular cycle; an alarm at a look (weights.Engine.Alarm) makes
-//     the next cycle due at once.
+//     counted from the last cycle of either kind. Between cycles, while a
+//     look is wanted (ROUND_ROBIN is live on learned weights, so nothing
+//     steers around a queue), a look at the recent latency every
+//     Config.LookInterval, on the interval's multiples on the clock (shared
+//     by all optimizers), up to the regular cycle; an alarm at a look
+//     (weights.Engine.Alarm) makes the next cycle due at once.
 //   - Seeding. At a first opt-in the pods carried equal traffic under
 //     Istio's default LEAST_REQUEST, and the engine is told so over the
 //     whole query window (no empty history). After a restart the live
 //     weights, with the persisted weights.Snapshot, are settled estimates.
 //   - The load balancer. LEAST_REQUEST until the engine's results have been
-//     Learned for a whole query window, then the user's choice. A later result that is not Learned
-//     (an alarm, a drained pod, a pod without data) starts a spell of
-//     LEAST_REQUEST, as do weights fallen back to equal; it ends when the
-//     results have been Learned for a whole query window, so one result at
-//     the edge of the engine's confidence does not switch the mesh back and
-//     forth. The engine is told which balancer was live over each query
-//     window (weights.Observation.Balancer).
+//     Learned for a whole query window, then the user's choice. A later
+//     result that is not Learned (an alarm, a drained pod, a pod without
+//     data) starts a spell of LEAST_REQUEST, as do weights fallen back to
+//     equal; it ends when the results have been Learned for a whole query
+//     window, so one result at the edge of the engine's confidence does not
+//     switch the mesh back and forth. The engine is told which balancer
+//     was live over each query window (weights.Observation.Balancer).
 package policy
 
 import (

@@ -144,7 +144,8 @@ type Observation struct {
 type Balancer string
 
 const (
-	// BalancerRoundRobin: Envoy's weighted ROUND_ROBIN; traffic follows the weights.
+	// BalancerRoundRobin: Envoy's weighted ROUND_ROBIN; traffic follows
+	// the weights.
 	BalancerRoundRobin Balancer = "ROUND_ROBIN"
 	// BalancerLeastRequest: Envoy's weighted LEAST_REQUEST; traffic follows
 	// the weights only where no queue steers it away.

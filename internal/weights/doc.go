@@ -99,8 +99,8 @@
 // reading, adjusted until the solver gives back its live share; a pod
 // without a limit takes its cores from its first reading, as a settled
 // estimate, and has the adjustment shared with them by the two readings'
-// noises, a speed being read far more precisely), so a restart moves nothing the data does not show and a
-// learned engine stays Learned. The endpoint mirror calls Weights when
-// pods come and go.
+// noises, a speed being read far more precisely), so a restart moves
+// nothing the data does not show and a learned engine stays Learned. The
+// endpoint mirror calls Weights when pods come and go.
 // An Engine is not safe for concurrent use.
 package weights

@@ -589,12 +589,7 @@ func (e *Engine) coresOf(pod Pod) float64 {
 		return pod.Cores
 	}
 	if st := e.pods[pod.Name]; st != nil && st.cores.known {
-		lo, hi := coresBounds(pod)
-		c := math.Exp(st.cores.m)
-		if hi > 0 {
-			c = min(c, hi)
-		}
-		return max(c, lo)
+		return clampCores(pod, math.Exp(st.cores.m))
 	}
 	lo, hi := coresBounds(pod)
 	switch {

@@ -162,6 +162,9 @@ func noisyCeilings(set []Pod, c *cycleReadings, floors []float64) {
 // starved shows it in its queue, and the next cycle's ceiling is judged
 // against its estimate.
 func restartCeilings(set []Pod, c *cycleReadings, calibrating []bool) {
+	if calibrating == nil {
+		return
+	}
 	for i, pod := range set {
 		r := &c.pods[i]
 		if knownCores(pod) || !calibrating[i] {
@@ -183,8 +186,8 @@ func restartCeilings(set []Pod, c *cycleReadings, calibrating []bool) {
 // chance now and then. The bar is half a reading's (zSigmas/2): the pod is
 // at its limit besides, and the costs are lopsided, a false alarm one cycle
 // of LEAST_REQUEST and a drop of the pod's estimate the next reading
-// undoes, a miss a queue of a window's excess traffic. It returns each pod's ratio to remember, NaN for
-// none.
+// undoes, a miss a queue of a window's excess traffic. It returns each
+// pod's ratio to remember, NaN for none.
 func readRecentCPU(c *cycleReadings, ratios [][]float64) []float64 {
 	out := make([]float64, len(c.pods))
 	for i := range c.pods {
@@ -295,7 +298,9 @@ func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []seg
 			// the rate's noise (rate() extrapolates over misaligned
 			// scrapes), and its speed is at most its share over the
 			// limit, not over that reading. A node's ceiling is itself a
-			// reading, and is not put above the pod's own.
+			// reading, and is not put above the pod's own. With request
+			// rates nothing is clamped: two rates over the same scrapes
+			// share that noise, and their ratio cancels it.
 			cpu := r.cpu
 			if r.saturated && knownCores(pod) {
 				cpu = min(cpu, pod.Cores)
@@ -482,6 +487,15 @@ func coresBounds(pod Pod) (lo, hi float64) {
 		lo = hi
 	}
 	return lo, hi
+}
+
+// clampCores returns c within the pod's cores bounds (coresBounds).
+func clampCores(pod Pod, c float64) float64 {
+	lo, hi := coresBounds(pod)
+	if hi > 0 {
+		c = min(c, hi)
+	}
+	return max(c, lo)
 }
 
 // knownCores reports whether the pod's Cores is a plausible CPU limit.

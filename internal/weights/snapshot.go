@@ -79,16 +79,16 @@ func (s Snapshot) Similar(o Snapshot) bool {
 // first cycle with data takes the capacity that makes its weight the
 // solver's answer at the load it measures, with the variances of
 // estimates that have settled (a settled filter's variance is Smoothing
-// times a reading's), and with the noises s measured restored (of a speed reading,
-// and of a cores reading of a pod without a limit). The live weights do not
-// show a pod's cores apart from its speed, so a pod without a CPU limit
-// takes its cores from its first reading, as a settled estimate too: the
-// engine before had learned them, and an estimate resting on one fresh
-// reading would not be confident enough for Learned, which would flip the
-// mesh to LEAST_REQUEST and back on every restart. Noise then moves
-// nothing, as it moved nothing for the manager before; a real change is
-// still found by the CUSUM and jump tests. An invalid s (none persisted
-// yet) leaves the noise at its prior.
+// times a reading's), and with the noises s measured restored (of a
+// speed reading, and of a cores reading of a pod without a limit). The
+// live weights do not show a pod's cores apart from its speed, so a pod
+// without a CPU limit takes its cores from its first reading, as a settled
+// estimate too: the engine before had learned them, and an estimate
+// resting on one fresh reading would not be confident enough for Learned,
+// which would flip the mesh to LEAST_REQUEST and back on every restart.
+// Noise then moves nothing, as it moved nothing for the manager before; a
+// real change is still found by the CUSUM and jump tests. An invalid s
+// (none persisted yet) leaves the noise at its prior.
 func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 	if s.Valid() {
 		e.noise = boundNoise(s.Noise)

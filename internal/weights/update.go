@@ -269,14 +269,7 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 			}
 			d := min(max(step[i]*gap, -1), 1)
 			if share := e.coresShare(pod, st); share > 0 {
-				m := st.cores.m + share*d
-				lo, hi := coresBounds(pod)
-				if lo > 0 {
-					m = max(m, math.Log(lo))
-				}
-				if hi > 0 {
-					m = min(m, math.Log(hi))
-				}
+				m := math.Log(clampCores(pod, math.Exp(st.cores.m+share*d)))
 				d -= m - st.cores.m
 				st.cores.m = m
 			}
@@ -303,12 +296,18 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 
 // calibrateSet marks the pods still to be calibrated after a restart:
 // with c, those with a speed reading this cycle (estimate took it as their
-// starting speed); without, all of them.
+// starting speed); without, all of them. nil when there are none, as on
+// every cycle once each pod has had one with data.
 func (e *Engine) calibrateSet(set []Pod, c *cycleReadings) []bool {
-	out := make([]bool, len(set))
+	var out []bool
 	for i, pod := range set {
 		st := e.pods[pod.Name]
-		out[i] = st != nil && st.calibrate && (c == nil || c.pods[i].speed.ok)
+		if st != nil && st.calibrate && (c == nil || c.pods[i].speed.ok) {
+			if out == nil {
+				out = make([]bool, len(set))
+			}
+			out[i] = true
+		}
 	}
 	return out
 }
@@ -321,16 +320,14 @@ func (e *Engine) calibrateSet(set []Pod, c *cycleReadings) []bool {
 // the speed readings' noise every cycle (1-2%); the cores of a pod without
 // a limit rest, after a restart, on one reading of its queue or node,
 // whose noise (Snapshot.CoresNoise) the calm tests measure at 5-18% with
-// ±20% on the latency or the node's CPU. Moved by the speed, the
-// calibration turned a cores reading 12% low into a speed 58% high (at 30%
-// load the solver leans to fast pods, so a share moves by more than the
-// capacity behind it), which the next cycle's speed reading undid:
-// weights moved by up to 711%; given to the cores only when their
-// reading was the noisier, a cores reading 19% off with the CPU rate ±5%
-// (the two variances alike) still went all to the speed, and a write
-// (547%) followed once the speed readings had restarted its filter. The cores move only
-// within the pod's bounds (its CPU request and node size), past which
-// they would not change its share; the rest of a step goes to the speed.
+// ±20% on the latency or the node's CPU. A step given to the wrong factor
+// is undone by that factor's next reading: a speed moved in place of a
+// cores reading 12% low came out 58% high (at 30% load the solver leans
+// to fast pods, so a share moves by more than the capacity behind it),
+// and the next speed reading moved weights by up to 711%
+// (TestRestartWritesNothingAtAnyLoad). The cores move only within the
+// pod's bounds (its CPU request and node size), past which they would not
+// change its share; the rest of a step goes to the speed.
 func (e *Engine) coresShare(pod Pod, st *podState) float64 {
 	if knownCores(pod) || !st.cores.known || st.coresNode != pod.Node {
 		return 0
