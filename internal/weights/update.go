@@ -324,10 +324,10 @@ func (e *Engine) calibrateSet(set []Pod, c *cycleReadings) []bool {
 // is undone by that factor's next reading: a speed moved in place of a
 // cores reading 12% low came out 58% high (at 30% load the solver leans
 // to fast pods, so a share moves by more than the capacity behind it),
-// and the next speed reading moved weights by up to 711%
-// (TestRestartWritesNothingAtAnyLoad). The cores move only within the
-// pod's bounds (its CPU request and node size), past which they would not
-// change its share; the rest of a step goes to the speed.
+// and the next speed reading moved weights by up to 711% (restarts of the
+// calm tests' Service). The cores move only within the pod's bounds (its
+// CPU request and node size), past which they would not change its share;
+// the rest of a step goes to the speed.
 func (e *Engine) coresShare(pod Pod, st *podState) float64 {
 	if knownCores(pod) || !st.cores.known || st.coresNode != pod.Node {
 		return 0
