@@ -25,9 +25,10 @@ const ReasonUnknownFields = "UnknownFields"
 //     nothing is written for it, as for any other unusable spec;
 //   - a spec field the operator does not know: ignored, Degraded;
 //   - a status value that did not decode: the operator's own field,
-//     rewritten by the next status write; only logged.
+//     rewritten by this reconcile's status write; only logged.
 //
-// Each bad object is also counted in optimizer_invalid_objects.
+// The spec's problems, which only the user can mend, are also counted in
+// optimizer_invalid_objects.
 
 // undecodedSpec lists the spec values that did not decode.
 func undecodedSpec(opt *optv1.IstioAdaptiveRequestOptimizer) []string {
@@ -38,6 +39,20 @@ func undecodedSpec(opt *optv1.IstioAdaptiveRequestOptimizer) []string {
 		}
 	}
 	return out
+}
+
+// specProblems counts what did not decode of opt's spec (values and
+// unknown fields): what optimizer_invalid_objects shows. A status problem
+// is not counted: the reconcile that read it rewrites the status, and a
+// series left from it would outlive the problem until the next reconcile.
+func specProblems(opt *optv1.IstioAdaptiveRequestOptimizer) int {
+	n := 0
+	for _, p := range opt.DecodeProblems() {
+		if isSpecPath(p.Path) {
+			n++
+		}
+	}
+	return n
 }
 
 // unknownSpecFields says which spec fields were ignored, or "".
@@ -58,13 +73,13 @@ func isSpecPath(path string) bool {
 	return path == "spec" || strings.HasPrefix(path, "spec.")
 }
 
-// reportDecodeProblems publishes what did not decode of opt: the count in
-// optimizer_invalid_objects, unknown spec fields as Degraded with a
-// Warning event, the rest in the log. A spec value that did not decode
+// reportDecodeProblems publishes what did not decode of opt: the spec's
+// count in optimizer_invalid_objects, unknown spec fields as Degraded with
+// a Warning event, all of it in the log. A spec value that did not decode
 // stalls the optimizer through invalidSpec.
 func (r *MirrorReconciler) reportDecodeProblems(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, st *status) {
 	problems := opt.DecodeProblems()
-	r.Metrics.SetInvalidObject(opt.Namespace, opt.Name, len(problems))
+	r.Metrics.SetInvalidObject(opt.Namespace, opt.Name, specProblems(opt))
 	if len(problems) == 0 {
 		return
 	}

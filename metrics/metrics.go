@@ -131,7 +131,7 @@ func New() *Metrics {
 		}, serviceLabels),
 		InvalidObjects: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "optimizer_invalid_objects",
-			Help: "For each stored optimizer with parts that did not decode (a value of the wrong type or range, an unknown field: written past the CRD's validation), how many; sum() is the number of such objects' problems, count() the objects.",
+			Help: "For each stored optimizer with spec parts that did not decode (a value of the wrong type or range, an unknown field: written past the CRD's validation), how many; sum() is the number of such objects' problems, count() the objects. A status that did not decode is rewritten by the operator and only logged.",
 		}, []string{"namespace", "name"}),
 	}
 }
