@@ -35,7 +35,8 @@ TEST_ARGS ?=
 # (the pure engine) and its tests start no goroutine at all, so the detector
 # has nothing to watch there, and it took 18 of the 30 minutes TEST_TIMEOUT
 # allows a test binary (200 s without). The engine's use from the manager's
-# goroutines is raced in controllers' and test/'s packages.
+# goroutines is raced in controllers' and test/'s packages; a go statement in
+# internal/weights fails TestPackageStartsNoGoroutine.
 # `make test TEST_NORACE_PACKAGES=` races them too; TEST_RACE= turns it off.
 TEST_RACE ?= -race
 TEST_NORACE_PACKAGES ?= ./test/bench/... ./internal/weights/...
