@@ -29,6 +29,10 @@ type reading struct {
 	// saturated: the pod used all the CPU it could (saturatedUse of its
 	// limit): it shows what it could do, not what it was sent.
 	saturated bool
+	// windowCPU is the window's CPU rate where readRecentCPU raised cpu to
+	// the recent one (the pod reached its limit within the window), else
+	// 0: the rate the window's requests were served with.
+	windowCPU float64
 
 	// speed is the pod's log speed per core in this cycle's raw units, an
 	// interval [lo, hi] because the span the backend's rate() averaged is
@@ -202,6 +206,7 @@ func readRecentCPU(c *cycleReadings, ratios [][]float64) []float64 {
 		}
 		if len(ratios[i]) >= 3 && r.recentCPU >= saturatedUse*r.limit && d > zSigmas/2*math.Sqrt(robustVariance(ratios[i])) {
 			r.saturated = true
+			r.windowCPU = r.cpu
 			r.cpu = max(r.cpu, r.recentCPU) // its share per CPU now bounds its speed
 		}
 	}
@@ -268,12 +273,13 @@ func ceilings(set []Pod, pods []reading) {
 // cannot speak for give none: no CPU, warming up within the window, or
 // (with CPU alone) a window reaching back before the engine's weights
 // were live.
-func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []segment, cpuWindowsValid bool) {
+//
+// loadMove is how far the Service's own rate moved within the window,
+// relative (see loadSpread): it misaligns the two rates' scrapes as a
+// change of the pod's share does.
+func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []segment, cpuWindowsValid bool, loadMove float64) {
 	windows := rateWindows(p, segs)
-	misalignment := 0.0
-	if w, sc := p.QueryWindow, p.ScrapeInterval; sc > 0 {
-		misalignment = float64(sc) / float64(w-sc)
-	}
+	misalignment := p.misalignment()
 	for i, pod := range set {
 		r := &c.pods[i]
 		r.shareLo, r.shareHi, r.shareOK = shareRange(pod.Name, segs, windows)
@@ -285,9 +291,16 @@ func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []seg
 			if !r.hasRequests || r.requests <= 0 {
 				continue
 			}
-			perCPU := r.requests / r.cpu
-			spread := (r.shareHi/r.shareLo - 1) * misalignment
-			if r.saturated {
+			// Both rates over the window: a pod that reached its limit
+			// within it served the window's requests with the window's
+			// CPU, not with the recent one, and was not busy all along.
+			cpu := r.cpu
+			if r.windowCPU > 0 {
+				cpu = r.windowCPU
+			}
+			perCPU := r.requests / cpu
+			spread := (r.shareHi/r.shareLo*(1+loadMove) - 1) * misalignment
+			if r.saturated && !(r.windowCPU > 0) {
 				spread = 0 // busy all the time: serves at its speed however the rates align
 			}
 			r.speed.lo, r.speed.hi = math.Log(perCPU/(1+spread)), math.Log(perCPU*(1+spread))
@@ -312,6 +325,50 @@ func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []seg
 	}
 }
 
+// served is each pod's request rate, for the pods with one.
+func served(set []Pod, c *cycleReadings) map[string]float64 {
+	out := map[string]float64{}
+	for i, r := range c.pods {
+		if r.hasRequests && r.requests > 0 {
+			out[set[i].Name] = r.requests
+		}
+	}
+	return out
+}
+
+// loadSpread is how far the Service's rate moved within this cycle's
+// window, relative, judged from the move between the last regular cycle's
+// window and this one's (the pods with a rate in both: a pod that lacks
+// data once is no move): a change inside their overlap moves the two
+// means by gap/QueryWindow of itself, so the move is scaled back up by
+// QueryWindow/gap (and taken whole when the windows do not overlap). A
+// request rate and a CPU rate scraped apart then cover spans that saw
+// different loads, and their ratio errs as it does when the pod's share
+// moves: after a step from 30% to 90% load, by 35-45% in the first cycle
+// (pods of relative speeds 1, 0.6 and 0.35, 15 s scrapes, a 1 m window),
+// which restarted speed filters on readings that far off. A move within zSigmas of the
+// readings' noise is not taken for one.
+func (e *Engine) loadSpread(now time.Time, rates map[string]float64) float64 {
+	if e.lastUpdate.IsZero() || !now.After(e.lastUpdate) {
+		return 0
+	}
+	was, is := 0.0, 0.0
+	for name, r := range rates {
+		if w, ok := e.lastServed[name]; ok {
+			was, is = was+w, is+r
+		}
+	}
+	if !(was > 0) || !(is > 0) {
+		return 0
+	}
+	move := math.Abs(math.Log(is / was))
+	if move <= zSigmas*e.noise {
+		return 0
+	}
+	overlap := max(e.params.QueryWindow.Seconds()/now.Sub(e.lastUpdate).Seconds(), 1)
+	return math.Expm1(move) * overlap
+}
+
 // warming reports whether the pod's rates over the window at now include
 // time before it was ready or warm.
 func warming(p Params, pod Pod, now time.Time) bool {
@@ -319,20 +376,21 @@ func warming(p Params, pod Pod, now time.Time) bool {
 }
 
 // readCores solves, for every pod without a limit with latency data over a
-// window of steady share, the cores its queue shows: with u busy cores, s =
+// window of steady traffic (its share and the Service's load, loadMove,
+// held; it did not reach its limit within it), the cores its queue shows: with u busy cores, s =
 // u/requests CPU-seconds per request and mean latency L, the wait over the
 // service time (L-s)/s is what an M/M/c queue of c cores shows at u busy
 // cores, ErlangC(c, u)/(c-u). A wait within the readings' noise of the
 // service time only says the pod has at least the cores that would show
 // that much: the latency and CPU series are scraped apart, and cannot tell
 // less from noise.
-func readCores(set []Pod, c *cycleReadings, noise float64) {
+func readCores(set []Pod, c *cycleReadings, noise, loadMove float64) {
 	for i, pod := range set {
 		r := &c.pods[i]
 		if knownCores(pod) || !r.hasCPU || r.cpu <= 0 || !r.hasRequests || r.requests <= 0 || !r.hasLatency || !r.shareOK {
 			continue
 		}
-		if math.Log(r.shareHi/r.shareLo) > max(noise, minNoise()) {
+		if math.Log(r.shareHi/r.shareLo*(1+loadMove)) > max(noise, minNoise()) || r.windowCPU > 0 {
 			continue // the load changed within the window: its mean wait says little
 		}
 		lo, hi := coresBounds(pod)
@@ -416,10 +474,7 @@ type backlogMemory struct {
 // time out long before a larger one would be served.
 func readBacklogs(p Params, set []Pod, c *cycleReadings, mem []backlogMemory, followsWeights bool) {
 	w := p.QueryWindow.Seconds()
-	misalignment := 0.0
-	if sc := p.ScrapeInterval; sc > 0 {
-		misalignment = float64(sc) / float64(p.QueryWindow-sc)
-	}
+	misalignment := p.misalignment()
 	var perShare []float64
 	if c.fromRequests && followsWeights {
 		for _, r := range c.pods {

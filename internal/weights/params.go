@@ -138,3 +138,13 @@ func (p Params) meanWeight() float64 { return smallestWeight * p.MaxRatio }
 // horizon is how far back an observation can reach, with a margin for
 // backends that also use the sample just before the window.
 func (p Params) horizon() time.Duration { return p.QueryWindow + p.ScrapeInterval }
+
+// misalignment is how far a rate()'s span may sit off another's, relative
+// to the span: ScrapeInterval over the shortest span, QueryWindow minus
+// it (see rateWindows); 0 when rates cover exactly the window.
+func (p Params) misalignment() float64 {
+	if p.ScrapeInterval <= 0 || p.QueryWindow <= p.ScrapeInterval {
+		return 0
+	}
+	return float64(p.ScrapeInterval) / float64(p.QueryWindow-p.ScrapeInterval)
+}

@@ -51,8 +51,17 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 	segs := e.segments(now, set)
 	cpuWindowsValid := e.appliedSince.IsZero() || !now.Add(-e.params.horizon()).Before(e.appliedSince)
-	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid)
-	readCores(set, &c, e.noise)
+	// A window that reaches back into a spell without data holds the
+	// backend's gap: its rates come from the few samples on either side,
+	// and neither their misfit nor their move is a measure of anything.
+	gap := !e.recoveredAt.IsZero() && now.Sub(e.recoveredAt) < e.params.horizon()
+	rates := served(set, &c)
+	loadMove := 0.0
+	if !gap {
+		loadMove = e.loadSpread(now, rates)
+	}
+	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid, loadMove)
+	readCores(set, &c, e.noise, loadMove)
 	// Traffic follows the weights under ROUND_ROBIN over the engine's own
 	// live weights. A caller that does not say which balancer ran is taken
 	// to run the operator's default: LEAST_REQUEST until a result is
@@ -77,16 +86,12 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	// its readings are not new evidence of speed, only of backlogs.
 	learnedFrom := 0
 	if !obs.Early {
-		// A window that reaches back into a spell without data holds the
-		// backend's gap: its rates come from the few samples on either
-		// side, and their misfit is no measure of the readings' noise.
-		gap := !e.recoveredAt.IsZero() && now.Sub(e.recoveredAt) < e.params.horizon()
 		learnedFrom = e.estimate(set, &c, gap)
 		if !e.lastUpdate.IsZero() && now.After(e.lastUpdate) {
 			e.gaps = min(e.gaps+1, e.params.memory())
 			e.meanCycle += (now.Sub(e.lastUpdate) - e.meanCycle) / time.Duration(e.gaps)
 		}
-		e.lastUpdate = now
+		e.lastUpdate, e.lastServed = now, rates
 	}
 	models := e.models(set)
 	ref := e.reference()
