@@ -18,7 +18,9 @@
 //     requests per CPU-second with request rates, else its traffic share
 //     per CPU-second, the share averaged over the span the backend's rate()
 //     may have covered (an interval, see timeline.go: a weight change inside
-//     the window widens it, so it is never mistaken for a change of speed).
+//     the window widens it, so it is never mistaken for a change of speed;
+//     with request rates, which are scraped apart from the CPU, so does a
+//     move of the Service's load between this window and the last).
 //     A pod at its CPU limit on CPU alone gives a censored reading: its speed
 //     is at most its share over the limit (a CPU reading above the limit is
 //     noise). The cores of a pod without a limit come from its
