@@ -49,9 +49,6 @@ type Engine struct {
 	lastGood    time.Time // last observation with data; starts the expiry clock
 	recoveredAt time.Time // first observation with data after a spell without
 	lastUpdate  time.Time // last regular cycle with data
-	// lastServed is each pod's request rate at lastUpdate (pods with
-	// one): what loadSpread compares this cycle's with.
-	lastServed map[string]float64
 	// meanCycle is the mean gap between regular cycles over the
 	// estimates' memory (gaps counts them, up to it): what Snapshot
 	// persists and the windows' overlap is taken from (overlapInflation).
@@ -105,6 +102,9 @@ type podState struct {
 	// recentRatios: the pod's last log(recent CPU / window CPU) while
 	// below its limit (see readRecentCPU).
 	recentRatios []float64
+	// served is the pod's request rate at the last regular cycle, 0 =
+	// none: what loadSpread compares this cycle's with.
+	served float64
 }
 
 // backlogPoint is a pod's backlog (requests) at a cycle.

@@ -325,17 +325,6 @@ func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []seg
 	}
 }
 
-// served is each pod's request rate, for the pods with one.
-func served(set []Pod, c *cycleReadings) map[string]float64 {
-	out := map[string]float64{}
-	for i, r := range c.pods {
-		if r.hasRequests && r.requests > 0 {
-			out[set[i].Name] = r.requests
-		}
-	}
-	return out
-}
-
 // loadSpread is how far the Service's rate moved within this cycle's
 // window, relative, judged from the move between the last regular cycle's
 // window and this one's (the pods with a rate in both: a pod that lacks
@@ -348,14 +337,14 @@ func served(set []Pod, c *cycleReadings) map[string]float64 {
 // (pods of relative speeds 1, 0.6 and 0.35, 15 s scrapes, a 1 m window),
 // which restarted speed filters on readings that far off. A move within zSigmas of the
 // readings' noise is not taken for one.
-func (e *Engine) loadSpread(now time.Time, rates map[string]float64) float64 {
+func (e *Engine) loadSpread(now time.Time, set []Pod, c *cycleReadings) float64 {
 	if e.lastUpdate.IsZero() || !now.After(e.lastUpdate) {
 		return 0
 	}
 	was, is := 0.0, 0.0
-	for name, r := range rates {
-		if w, ok := e.lastServed[name]; ok {
-			was, is = was+w, is+r
+	for i, pod := range set {
+		if st, r := e.pods[pod.Name], c.pods[i]; st != nil && st.served > 0 && r.hasRequests && r.requests > 0 {
+			was, is = was+st.served, is+r.requests
 		}
 	}
 	if !(was > 0) || !(is > 0) {

@@ -54,11 +54,13 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	// A window that reaches back into a spell without data holds the
 	// backend's gap: its rates come from the few samples on either side,
 	// and neither their misfit nor their move is a measure of anything.
+	// An early cycle's readings are not taken for speeds or cores (the
+	// estimate step below skips it): the load's move is read between
+	// regular cycles only.
 	gap := !e.recoveredAt.IsZero() && now.Sub(e.recoveredAt) < e.params.horizon()
-	rates := served(set, &c)
 	loadMove := 0.0
-	if !gap {
-		loadMove = e.loadSpread(now, rates)
+	if !gap && !obs.Early {
+		loadMove = e.loadSpread(now, set, &c)
 	}
 	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid, loadMove)
 	readCores(set, &c, e.noise, loadMove)
@@ -91,7 +93,14 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			e.gaps = min(e.gaps+1, e.params.memory())
 			e.meanCycle += (now.Sub(e.lastUpdate) - e.meanCycle) / time.Duration(e.gaps)
 		}
-		e.lastUpdate, e.lastServed = now, rates
+		e.lastUpdate = now
+		for i, pod := range set {
+			if r := c.pods[i]; r.hasRequests && r.requests > 0 {
+				e.state(pod.Name).served = r.requests
+			} else if st := e.pods[pod.Name]; st != nil {
+				st.served = 0
+			}
+		}
 	}
 	models := e.models(set)
 	ref := e.reference()
