@@ -188,28 +188,8 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 	if dir := os.Getenv("SCALE_PROFILE_DIR"); dir != "" {
 		logDir = dir // kept beside the profiles
 	}
-	logFile, err := os.Create(filepath.Join(logDir, fmt.Sprintf("manager-%dx%d.log", services, pods)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	defer func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-		}
-		if t.Failed() {
-			out, _ := os.ReadFile(logFile.Name())
-			t.Logf("manager log (tail):\n%s", tailString(string(out), 8000))
-		}
-	}()
+	exited, stop := startManager(t, cmd, filepath.Join(logDir, fmt.Sprintf("manager-%dx%d.log", services, pods)))
+	defer stop()
 	harness.Eventually(t, 10*time.Minute, "every ServiceEntry written with every pod", func() error {
 		select {
 		case <-exited:
@@ -509,4 +489,35 @@ func tailString(s string, n int) string {
 		return s
 	}
 	return s[len(s)-n:]
+}
+
+// startManager starts the manager binary of cmd with its output in the file
+// logPath. exited is closed when it exits; stop interrupts it (killing it
+// after 10 s), closes the log and, when the test failed, logs its tail.
+func startManager(t *testing.T, cmd *exec.Cmd, logPath string) (exited <-chan struct{}, stop func()) {
+	t.Helper()
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	return done, func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = logFile.Close()
+		if t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			t.Logf("manager log (tail):\n%s", tailString(string(out), 8000))
+		}
+	}
 }

@@ -242,30 +242,15 @@ func TestManagerMemoryAtScale(t *testing.T) {
 	if gogc := os.Getenv("MANAGER_GOGC"); gogc != "" {
 		cmd.Env = append(cmd.Env, "GOGC="+gogc)
 	}
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "manager.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	defer func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-		}
-	}()
+	logPath := filepath.Join(t.TempDir(), "manager.log")
+	exited, stop := startManager(t, cmd, logPath)
+	defer stop()
 	// A manager that exits (a bad flag, no API server) fails the test at
 	// once, with its log, instead of after the timeouts below.
 	alive := func() {
 		select {
 		case <-exited:
-			out, _ := os.ReadFile(logFile.Name())
+			out, _ := os.ReadFile(logPath)
 			t.Fatalf("the manager exited: %s\n%s", cmd.ProcessState, out)
 		default:
 		}
