@@ -3,12 +3,15 @@ package controllers
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	networking "istio.io/api/networking/v1alpha3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
 
@@ -168,5 +171,32 @@ func TestStatusSurvivesItsOwnRoundTrip(t *testing.T) {
 		if !equalStatus(&stored, &opt.Status) {
 			t.Fatalf("reconcile %d after the write: the same outcome changed the stored status:\nstored %+v\nnow    %+v", k+1, stored, opt.Status)
 		}
+	}
+}
+
+// Ready's message says why the DestinationRule's load balancer is not the
+// one asked for, in the words of the policy's reason.
+func TestBalancerNoteNamesThePolicysReason(t *testing.T) {
+	for _, c := range []struct {
+		why  policy.Reason
+		want string
+	}{
+		{policy.ReasonAlarm, "after a pod fell behind"},
+		{policy.ReasonFallback, "fallen back to equal"},
+		{policy.ReasonCPUAtLimit, "on CPU alone a pod reached its limit"},
+		{policy.ReasonUnsettled, "until the weights rest on measured capacity"},
+		{policy.ReasonLearning, "until the weights rest on measured capacity"},
+	} {
+		opt := &optv1.IstioAdaptiveRequestOptimizer{}
+		st := newStatus(opt)
+		st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_LEAST_REQUEST, true, c.why)
+		if !strings.Contains(st.balancerNote, c.want) || !strings.HasSuffix(st.balancerNote, "then ROUND_ROBIN") {
+			t.Errorf("%s: note %q, want it to say %q and what follows", c.why, st.balancerNote, c.want)
+		}
+	}
+	st := newStatus(&optv1.IstioAdaptiveRequestOptimizer{})
+	st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_ROUND_ROBIN, true, policy.ReasonLearned)
+	if st.balancerNote != "" {
+		t.Errorf("the balancer asked for is live, yet the note says %q", st.balancerNote)
 	}
 }

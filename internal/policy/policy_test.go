@@ -337,6 +337,62 @@ func TestNotLearnedStartsASpellThatEndsAfterAWindow(t *testing.T) {
 	}
 }
 
+// cpuOnly is steady without request rates, hot's pod at its CPU limit.
+func cpuOnly(hot string) weights.Observation {
+	obs := steady(nil)
+	for name, sig := range obs.Signals {
+		sig.Requests = math.NaN()
+		if name == hot {
+			sig.CPU, sig.RecentCPU = 2, 2
+		}
+		obs.Signals[name] = sig
+	}
+	return obs
+}
+
+// With CPU alone, a pod at its limit after learning keeps LEAST_REQUEST
+// (ReasonCPUAtLimit) however long the results are Learned again, and
+// request rates that measure the speeds end it after a query window.
+// Before learning, a pod at its limit is the opt-in's own overload and
+// changes nothing.
+func TestAPodAtItsLimitOnCPUAloneKeepsLeastRequest(t *testing.T) {
+	p := New(config())
+	p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+	d := p.Cycle(t0, cpuOnly("web-1"), fleet())
+	if _, hot := weights.Has(d.Result.Reasons, weights.ReasonSaturated); !hot {
+		t.Fatalf("web-1 at its limit is not reported Saturated: %s", d.Result.Message)
+	}
+	if d.Why != ReasonLearning {
+		t.Fatalf("a pod at its limit before learning: %s (%s), want Learning", d.Balancer, d.Why)
+	}
+	now := t0.Add(10 * time.Minute)
+	runUntil(t, p, now, func(time.Time) weights.Observation { return cpuOnly("") })
+	if lb, why := p.Balancer(); lb != weights.BalancerRoundRobin {
+		t.Fatalf("not on ROUND_ROBIN after 10 steady minutes on CPU alone: %s (%s)", lb, why)
+	}
+	before := p.Switches()
+	_, at := p.Next(now)
+	d = p.Cycle(at, cpuOnly("web-1"), fleet())
+	if d.Balancer != weights.BalancerLeastRequest || p.Switches() != before+1 {
+		t.Fatalf("a pod at its limit on CPU alone: %s (%s), want LEAST_REQUEST", d.Balancer, d.Why)
+	}
+	now = at.Add(10 * time.Minute)
+	_, _, ds := runUntil(t, p, now, func(time.Time) weights.Observation { return cpuOnly("") })
+	for _, d := range ds {
+		if d.Balancer != weights.BalancerLeastRequest || (d.Result.Learned && d.Why != ReasonCPUAtLimit) {
+			t.Fatalf("10 minutes of Learned results on CPU alone after a pod at its limit: %s (%s), want LEAST_REQUEST (CPUAtLimit)", d.Balancer, d.Why)
+		}
+	}
+	if p.Switches() != before+1 {
+		t.Fatalf("%d switches after a pod at its limit, want 1", p.Switches()-before)
+	}
+	now = now.Add(5 * time.Minute)
+	runUntil(t, p, now, func(time.Time) weights.Observation { return steady(nil) })
+	if lb, why := p.Balancer(); lb != weights.BalancerRoundRobin || why != ReasonLearned {
+		t.Fatalf("request rates measure the speeds again: %s (%s), want ROUND_ROBIN (Learned)", lb, why)
+	}
+}
+
 // After a restart with live weights under ROUND_ROBIN, the balancer is kept
 // and the first cycle still runs at once.
 func TestRestartKeepsTheLiveBalancer(t *testing.T) {

@@ -24,8 +24,8 @@ const (
 	// ReasonPartialData: these Pods had no CPU data; their weights are kept.
 	ReasonPartialData ReasonCode = "PartialData"
 	// ReasonMoved: the predicted gain (Gain) beat the bar (Bar); weights
-	// moved by up to Value; learned from Count of Of pods (Detail: "requests"
-	// or "cpu").
+	// moved by up to Value; learned from Count of Of pods (Detail:
+	// SpeedsFromRequests or SpeedsFromCPU).
 	ReasonMoved ReasonCode = "Moved"
 	// ReasonSteady: the gain did not beat the bar; nothing moved.
 	ReasonSteady ReasonCode = "Steady"
@@ -38,6 +38,27 @@ const (
 	// learned from (Result.Unlearned).
 	ReasonCPUOnly ReasonCode = "CPUOnly"
 )
+
+// Where an optimizing cycle's speeds came from: the Detail of its
+// ReasonMoved or ReasonSteady.
+const (
+	// SpeedsFromRequests: requests served per CPU-second.
+	SpeedsFromRequests = "requests"
+	// SpeedsFromCPU: CPU alone, against the live weights' shares.
+	SpeedsFromCPU = "cpu"
+)
+
+// SpeedsFrom returns where the speeds of the cycle with these reasons came
+// from (SpeedsFromRequests or SpeedsFromCPU), "" for a cycle that did not
+// optimize (no data, low load, a failed query).
+func SpeedsFrom(reasons []Reason) string {
+	for _, r := range reasons {
+		if r.Code == ReasonMoved || r.Code == ReasonSteady {
+			return r.Detail
+		}
+	}
+	return ""
+}
 
 // Reason is one typed reason with its parameters.
 type Reason struct {
@@ -78,7 +99,7 @@ func (r Reason) String() string {
 		return fmt.Sprintf("%s and %d more", strings.Join(r.Pods[:3], ", "), len(r.Pods)-3)
 	}
 	source := "CPU and the weights held"
-	if r.Detail == "requests" {
+	if r.Detail == SpeedsFromRequests {
 		source = "requests per CPU-second"
 	}
 	switch r.Code {

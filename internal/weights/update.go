@@ -506,9 +506,9 @@ func (e *Engine) cycleReasons(set []Pod, c cycleReadings, learnedFrom int, gain,
 	if write {
 		code = ReasonMoved
 	}
-	source := "cpu"
+	source := SpeedsFromCPU
 	if c.fromRequests {
-		source = "requests"
+		source = SpeedsFromRequests
 	}
 	out = append(out, Reason{Code: code, Value: maxMove, Gain: gain, Bar: bar, Count: learnedFrom, Of: len(set), Detail: source})
 	var backlog, hot, blind []string
