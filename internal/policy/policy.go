@@ -136,9 +136,10 @@ const (
 	// ReasonFallback: LEAST_REQUEST while the weights have fallen back to
 	// equal (failed queries past the expiry).
 	ReasonFallback Reason = "Fallback"
-	// ReasonCPUAtLimit: LEAST_REQUEST from the first time, after learning,
-	// that a pod reached its CPU limit while the speeds came from CPU
-	// alone, until request rates measure them (see Policy.Cycle).
+	// ReasonCPUAtLimit: LEAST_REQUEST from the first time, after learning
+	// or under the live weights after a restart, that a pod reached its CPU
+	// limit while the speeds came from CPU alone, until request rates
+	// measure them (see Policy.Cycle).
 	ReasonCPUAtLimit Reason = "CPUAtLimit"
 )
 
@@ -195,6 +196,9 @@ type Policy struct {
 	// cpuAtLimit: since learning, a pod reached its CPU limit while the
 	// speeds came from CPU alone (see ReasonCPUAtLimit).
 	cpuAtLimit bool
+	// restarted: the engine was seeded with the live weights (a restart),
+	// which an earlier manager learned.
+	restarted bool
 }
 
 // New returns the policy of one optimizer, before its opt-in.
@@ -244,6 +248,7 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 		}
 	}
 	restart := len(seed) > 0
+	p.restarted = restart
 	switch {
 	case restart && snap.Valid():
 		p.eng.SeedSettled(now, seed, snap)
@@ -392,8 +397,10 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 	case weights.SpeedsFromCPU:
 		// Before learning, a pod at its limit is the opt-in's own
 		// overload (equal weights on unlike pods), which the weights
-		// are there to mend.
-		if _, hot := weights.Has(d.Result.Reasons, weights.ReasonSaturated); hot && p.learned {
+		// are there to mend; after a restart the live weights were
+		// learned, and a pod at its limit under them counts at once (a
+		// restart does not switch the mesh back and forth either).
+		if _, hot := weights.Has(d.Result.Reasons, weights.ReasonSaturated); hot && (p.learned || p.restarted) {
 			p.cpuAtLimit = true
 		}
 	case weights.SpeedsFromRequests:
@@ -402,6 +409,20 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 	switch {
 	case d.Result.Mode == weights.ModeFallback:
 		lb, why = weights.BalancerLeastRequest, ReasonFallback
+	case p.cpuAtLimit:
+		// With CPU alone, a pod at its limit is all that shows it
+		// behind, and nothing tells a slowed pod from one that reached
+		// its limit by chance (near full load the solver runs the
+		// fastest pods at 93%, 4% below the limit's mark). Each such
+		// reading started a spell, and the mesh switched back and forth:
+		// on CPU alone, 40 of the bench's 192 steady runs (12 scenarios,
+		// 16 seeds) made more than two switches, up to 12. LEAST_REQUEST
+		// honours the weights and steers around a queue within a
+		// request; kept on it from the first such reading, 5 of 192 runs
+		// make more than two, no scenario's median p99 rises by more than
+		// 0.3%, and two fall by 1% and 3%. It holds until request rates
+		// measure the speeds, and with them a backlog.
+		lb, why = weights.BalancerLeastRequest, ReasonCPUAtLimit
 	case !p.learned && d.Result.Learned && now.Sub(p.learnedSince) >= p.cfg.Engine.QueryWindow:
 		// The weights have rested on measured capacity for a whole
 		// query window: the first estimates, from a window that may hold
@@ -423,20 +444,6 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 		if alarmed || p.why == ReasonAlarm {
 			why = ReasonAlarm
 		}
-	case p.cpuAtLimit:
-		// With CPU alone, a pod at its limit is all that shows it
-		// behind, and nothing tells a slowed pod from one that reached
-		// its limit by chance (near full load the solver runs the
-		// fastest pods at 93%, 4% below the limit's mark). Each such
-		// reading started a spell, and the mesh switched back and forth:
-		// on CPU alone, 40 of the bench's 192 steady runs (12 scenarios,
-		// 16 seeds) made more than two switches, up to 12. LEAST_REQUEST
-		// honours the weights and steers around a queue within a
-		// request; kept on it from the first such reading, 5 of 192 runs
-		// make more than two, no scenario's median p99 rises by more than
-		// 0.3%, and two fall by 1% and 3%. It holds until request rates
-		// measure the speeds, and with them a backlog.
-		lb, why = weights.BalancerLeastRequest, ReasonCPUAtLimit
 	case p.balancer == weights.BalancerLeastRequest && now.Sub(p.learnedSince) < p.cfg.Engine.QueryWindow:
 		// Learned again, but not yet for a whole query window: a
 		// result at the edge of the engine's confidence flickers, and

@@ -393,6 +393,25 @@ func TestAPodAtItsLimitOnCPUAloneKeepsLeastRequest(t *testing.T) {
 	}
 }
 
+// After a restart the live weights are learned ones: with CPU alone, a pod
+// at its limit under them keeps the live LEAST_REQUEST at once, without
+// waiting to learn again and switching to ROUND_ROBIN in between.
+func TestRestartOnCPUAloneWithAPodAtItsLimitKeepsLeastRequest(t *testing.T) {
+	old, now := learned(t, config())
+	live := old.Weights(now, fleet())
+	p := New(config())
+	p.OptIn(now, fleet(), live, weights.BalancerLeastRequest, old.Snapshot())
+	d := p.Cycle(now, cpuOnly("web-1"), fleet())
+	if d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonCPUAtLimit {
+		t.Fatalf("first cycle after a restart, a pod at its limit on CPU alone: %s (%s), want LEAST_REQUEST (CPUAtLimit)", d.Balancer, d.Why)
+	}
+	p.Applied(now, p.Weights(now, fleet()))
+	runUntil(t, p, now.Add(10*time.Minute), func(time.Time) weights.Observation { return cpuOnly("") })
+	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonCPUAtLimit || p.Switches() != 0 {
+		t.Errorf("10 minutes on: %s (%s), %d switches; want LEAST_REQUEST (CPUAtLimit), none", lb, why, p.Switches())
+	}
+}
+
 // After a restart with live weights under ROUND_ROBIN, the balancer is kept
 // and the first cycle still runs at once.
 func TestRestartKeepsTheLiveBalancer(t *testing.T) {
