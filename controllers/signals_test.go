@@ -312,6 +312,31 @@ func testCPUOnly(t *testing.T, env *signalsEnv, ns string) {
 		t.Errorf("blind: status.loadBalancer %q, want LEAST_REQUEST", o.Status.LoadBalancer)
 	}
 
+	// On CPU alone, a pod at its limit after learning: LEAST_REQUEST, and
+	// it stays when the pod is below its limit again (until request rates
+	// come), with Ready saying why.
+	setCapacity := func(pod string, c float64) {
+		env.source.mu.Lock()
+		env.source.capacity[pod] = c
+		env.source.mu.Unlock()
+	}
+	setCapacity("cpu-0", 50) // CPU 50/50 = 1 core, its limit
+	harness.Eventually(t, 20*time.Second, "cpu: LEAST_REQUEST once a pod is at its limit", func() error {
+		if p, err := env.policy(ns, "cpu"); err != nil || p != networking.LoadBalancerSettings_LEAST_REQUEST {
+			return fmt.Errorf("policy %v (%v)", p, err)
+		}
+		ready := meta.FindStatusCondition(env.optimizer(t, ns, "cpu").Status.Conditions, optv1.ConditionReady)
+		if ready == nil || !strings.Contains(ready.Message, "on CPU alone a pod reached its limit") {
+			return fmt.Errorf("Ready %v", ready)
+		}
+		return nil
+	})
+	setCapacity("cpu-0", 100)
+	time.Sleep(4 * time.Second) // two query windows of cycles below the limit
+	if p, err := env.policy(ns, "cpu"); err != nil || p != networking.LoadBalancerSettings_LEAST_REQUEST {
+		t.Errorf("cpu: the pod below its limit again: policy %v (%v), want LEAST_REQUEST kept", p, err)
+	}
+
 	if d := meta.FindStatusCondition(env.optimizer(t, ns, "web").Status.Conditions, optv1.ConditionDegraded); d == nil || d.Status != "False" {
 		t.Errorf("with request rates: Degraded %v, want False", d)
 	}

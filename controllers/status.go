@@ -79,7 +79,10 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 		st.LoadBalancer = s.loadBalancer
 	}
 	st.Endpoints = s.endpoints
-	unchangedShape := prevShape == [3]any{st.Host, st.Endpoints, st.OwnedObjects}
+	// The shape is what Ready's message says besides the cycle's figures:
+	// the objects, the endpoints and why the load balancer is not the one
+	// asked for (the policy switches it in cycles that move no weight).
+	unchangedShape := prevShape == [3]any{st.Host, st.Endpoints, st.OwnedObjects} && balancerNoteOf(prevReadyMsg) == s.balancerNote
 	set := func(t string, status metav1.ConditionStatus, reason, msg string) {
 		if s.quiet {
 			// Keep a message that differs only in this cycle's figures.
@@ -192,6 +195,15 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	if msg := coresUnknownReason(out.Signals, out.Result.Unlearned); msg != "" {
 		s.degraded("CoresUnknown", msg)
 	}
+}
+
+// balancerNoteOf is the load balancer's note at the end of a Ready message
+// (see status.balancer), "" for none.
+func balancerNoteOf(readyMsg string) string {
+	if i := strings.LastIndex(readyMsg, "; load balancer "); i >= 0 {
+		return readyMsg[i+len("; "):]
+	}
+	return ""
 }
 
 // statusRefreshInterval is how long a weight cycle that changed nothing

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	networking "istio.io/api/networking/v1alpha3"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
@@ -198,5 +199,41 @@ func TestBalancerNoteNamesThePolicysReason(t *testing.T) {
 	st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_ROUND_ROBIN, true, policy.ReasonLearned)
 	if st.balancerNote != "" {
 		t.Errorf("the balancer asked for is live, yet the note says %q", st.balancerNote)
+	}
+}
+
+// A cycle that moves no weight still rewrites Ready's message when the
+// policy switched the load balancer in it: the note saying why is not one
+// of the cycle's figures, which a quiet cycle may leave as they were.
+func TestQuietCycleStillSaysWhyTheBalancerChanged(t *testing.T) {
+	opt := &optv1.IstioAdaptiveRequestOptimizer{}
+	opt.Namespace, opt.Name = "shop", "web"
+	// A second past one of the optimizer's refresh instants: the next is
+	// statusRefreshInterval later (status times are whole seconds).
+	t0 := time.Unix(0, 0).Add(20000*statusRefreshInterval + statusRefreshPhase(opt.Namespace, opt.Name) + time.Second)
+	w := map[string]uint32{"a": 1000, "b": 1200}
+	cycle := func(at time.Duration, changed bool, lb networking.LoadBalancerSettings_SimpleLB, why policy.Reason) string {
+		out := &Outcome{Time: t0.Add(at), Result: weights.Result{Mode: weights.ModeSteady, Changed: changed, Weights: w, Message: fmt.Sprintf("figures of %v", at)}}
+		st := newStatus(opt)
+		st.host, st.endpoints = "web.shop.adaptive", 2
+		st.owned = optv1.OwnedObjects{Namespace: "shop", ServiceEntry: "web-adaptive", DestinationRule: "web-adaptive"}
+		st.optimization(out, true)
+		st.balancer(optv1.LoadBalancerRoundRobin, lb, true, why)
+		st.apply(opt, out.Time)
+		return meta.FindStatusCondition(opt.Status.Conditions, optv1.ConditionReady).Message
+	}
+	cycle(0, true, networking.LoadBalancerSettings_ROUND_ROBIN, policy.ReasonLearned)
+	if msg := cycle(30*time.Second, false, networking.LoadBalancerSettings_ROUND_ROBIN, policy.ReasonLearned); strings.Contains(msg, "figures of 30s") {
+		t.Fatalf("a quiet cycle rewrote the figures: %q", msg)
+	}
+	msg := cycle(60*time.Second, false, networking.LoadBalancerSettings_LEAST_REQUEST, policy.ReasonCPUAtLimit)
+	if !strings.Contains(msg, "on CPU alone a pod reached its limit") || opt.Status.LoadBalancer != "LEAST_REQUEST" {
+		t.Fatalf("the balancer switched in a quiet cycle: loadBalancer %s, Ready %q", opt.Status.LoadBalancer, msg)
+	}
+	if msg := cycle(90*time.Second, false, networking.LoadBalancerSettings_LEAST_REQUEST, policy.ReasonCPUAtLimit); !strings.Contains(msg, "figures of 1m0s") {
+		t.Errorf("the next quiet cycle rewrote the figures: %q", msg)
+	}
+	if msg := cycle(120*time.Second, false, networking.LoadBalancerSettings_ROUND_ROBIN, policy.ReasonLearned); strings.Contains(msg, "load balancer") {
+		t.Errorf("back on the balancer asked for, Ready still has a note: %q", msg)
 	}
 }
