@@ -404,7 +404,18 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 			p.cpuAtLimit = true
 		}
 	case weights.SpeedsFromRequests:
-		p.cpuAtLimit = false
+		if p.cpuAtLimit {
+			// Request rates measure the speeds again: the spell ends as
+			// any other, once their results have been Learned for a whole
+			// query window.
+			p.cpuAtLimit = false
+			if d.Result.Learned {
+				p.learnedSince = now
+			}
+			if why == ReasonCPUAtLimit {
+				why = ReasonUnsettled
+			}
+		}
 	}
 	switch {
 	case d.Result.Mode == weights.ModeFallback:
@@ -464,7 +475,10 @@ func (p *Policy) decide(lb weights.Balancer, why Reason) (weights.Balancer, Reas
 	}
 	if why == ReasonUserChoice {
 		// The user moved back to ROUND_ROBIN.
-		if p.learned {
+		switch {
+		case p.cpuAtLimit:
+			return weights.BalancerLeastRequest, ReasonCPUAtLimit
+		case p.learned:
 			return weights.BalancerRoundRobin, ReasonLearned
 		}
 		return weights.BalancerLeastRequest, ReasonLearning

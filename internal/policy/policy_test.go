@@ -386,7 +386,21 @@ func TestAPodAtItsLimitOnCPUAloneKeepsLeastRequest(t *testing.T) {
 	if p.Switches() != before+1 {
 		t.Fatalf("%d switches after a pod at its limit, want 1", p.Switches()-before)
 	}
-	now = now.Add(5 * time.Minute)
+	// The user asks for LEAST_REQUEST and back: nothing switches.
+	cfg := config()
+	cfg.Balancer = weights.BalancerLeastRequest
+	p.Configure(now, cfg)
+	p.Configure(now, config())
+	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonCPUAtLimit || p.Switches() != before+1 {
+		t.Fatalf("the user's choice there and back: %s (%s), %d switches; want LEAST_REQUEST (CPUAtLimit), none", lb, why, p.Switches()-before-1)
+	}
+	// Request rates measure the speeds again: a spell that ends once
+	// their results have been Learned for a query window.
+	_, at = p.Next(now)
+	if d = p.Cycle(at, steady(nil), fleet()); d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonUnsettled {
+		t.Fatalf("the first cycle with request rates: %s (%s), want LEAST_REQUEST (Unsettled) for a query window", d.Balancer, d.Why)
+	}
+	now = at.Add(5 * time.Minute)
 	runUntil(t, p, now, func(time.Time) weights.Observation { return steady(nil) })
 	if lb, why := p.Balancer(); lb != weights.BalancerRoundRobin || why != ReasonLearned {
 		t.Fatalf("request rates measure the speeds again: %s (%s), want ROUND_ROBIN (Learned)", lb, why)
