@@ -43,8 +43,23 @@ type capacityMetrics struct {
 	mu       sync.Mutex
 	released bool
 	capacity map[string]float64
-	// queried counts the queries by Service.
-	queried map[string]int
+	// queried counts the queries by Service, cycles the CPU queries (one
+	// a weight cycle).
+	queried, cycles map[string]int
+}
+
+// setCapacity sets a pod's capacity: its CPU answers 50/c cores.
+func (m *capacityMetrics) setCapacity(pod string, c float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.capacity[pod] = c
+}
+
+// cyclesOf is how many weight cycles have queried service's CPU.
+func (m *capacityMetrics) cyclesOf(service string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cycles[service]
 }
 
 func (m *capacityMetrics) release() {
@@ -57,9 +72,12 @@ func (m *capacityMetrics) Query(_ context.Context, tmpl string, t promsource.Tar
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.queried == nil {
-		m.queried = map[string]int{}
+		m.queried, m.cycles = map[string]int{}, map[string]int{}
 	}
 	m.queried[t.Service]++
+	if tmpl == m.cpuQuery {
+		m.cycles[t.Service]++
+	}
 	res := promsource.Result{Values: map[string]float64{}, Query: tmpl}
 	if m.released && (tmpl == m.cpuQuery || tmpl == m.requestQuery && !m.noRequests[t.Service]) {
 		for _, pod := range t.Pods {
@@ -143,9 +161,7 @@ func (env *signalsEnv) serviceOf(t *testing.T, ns, name string, opt PodOption, c
 		pod, node := fmt.Sprintf("%s-%d", name, i), fmt.Sprintf("%s-node-%d", name, i)
 		objs = append(objs, Node(node, "r1", "z1", "", "m5.large"), Pod(ns, pod, name, node, WithSidecar(), opt))
 		eps = append(eps, Ready(pod, IP(40+len(name), i+1), node))
-		env.source.mu.Lock()
-		env.source.capacity[pod] = c
-		env.source.mu.Unlock()
+		env.source.setCapacity(pod, c)
 	}
 	objs = append(objs, EndpointSlice(ns, name+"-1", name, []SlicePort{{Name: "http", Port: 8080}}, eps...))
 	for _, o := range objs {
@@ -153,6 +169,18 @@ func (env *signalsEnv) serviceOf(t *testing.T, ns, name string, opt PodOption, c
 			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 		}
 	}
+}
+
+// cycles waits for n more weight cycles of service (1 s each here).
+func (env *signalsEnv) cycles(t *testing.T, service string, n int) {
+	t.Helper()
+	want := env.source.cyclesOf(service) + n
+	harness.Eventually(t, 20*time.Second, fmt.Sprintf("%d more cycles of %s", n, service), func() error {
+		if got := env.source.cyclesOf(service); got < want {
+			return fmt.Errorf("%d of %d", got, want)
+		}
+		return nil
+	})
 }
 
 func (env *signalsEnv) optimizer(t *testing.T, ns, name string) *optv1.IstioAdaptiveRequestOptimizer {
@@ -303,8 +331,8 @@ func testCPUOnly(t *testing.T, env *signalsEnv, ns string) {
 		}
 		return nil
 	})
-	// Cycles go on (1 s each); the policy does not move.
-	time.Sleep(3 * time.Second)
+	// Cycles go on; the policy does not move.
+	env.cycles(t, "blind", 3)
 	if p, err := env.policy(ns, "blind"); err != nil || p != networking.LoadBalancerSettings_LEAST_REQUEST {
 		t.Errorf("blind: policy %v (%v), want LEAST_REQUEST", p, err)
 	}
@@ -315,12 +343,7 @@ func testCPUOnly(t *testing.T, env *signalsEnv, ns string) {
 	// On CPU alone, a pod at its limit after learning: LEAST_REQUEST, and
 	// it stays when the pod is below its limit again (until request rates
 	// come), with Ready saying why.
-	setCapacity := func(pod string, c float64) {
-		env.source.mu.Lock()
-		env.source.capacity[pod] = c
-		env.source.mu.Unlock()
-	}
-	setCapacity("cpu-0", 50) // CPU 50/50 = 1 core, its limit
+	env.source.setCapacity("cpu-0", 50) // CPU 50/50 = 1 core, its limit
 	harness.Eventually(t, 20*time.Second, "cpu: LEAST_REQUEST once a pod is at its limit", func() error {
 		if p, err := env.policy(ns, "cpu"); err != nil || p != networking.LoadBalancerSettings_LEAST_REQUEST {
 			return fmt.Errorf("policy %v (%v)", p, err)
@@ -331,8 +354,8 @@ func testCPUOnly(t *testing.T, env *signalsEnv, ns string) {
 		}
 		return nil
 	})
-	setCapacity("cpu-0", 100)
-	time.Sleep(4 * time.Second) // two query windows of cycles below the limit
+	env.source.setCapacity("cpu-0", 100)
+	env.cycles(t, "cpu", 4) // two query windows below the limit
 	if p, err := env.policy(ns, "cpu"); err != nil || p != networking.LoadBalancerSettings_LEAST_REQUEST {
 		t.Errorf("cpu: the pod below its limit again: policy %v (%v), want LEAST_REQUEST kept", p, err)
 	}
