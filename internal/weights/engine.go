@@ -72,6 +72,9 @@ type podState struct {
 	// each cycle it is read, whether or not it was the cycle's reading.
 	ceilingResiduals []float64
 	coresNode        string
+	// coresR: the variance of a cores reading when the filter last took
+	// one; the estimate's variance is restated in the next one's.
+	coresR float64
 	// calibrate: the pod's live weight came from an engine that ran
 	// before (SeedSettled); its first cycle with a speed reading takes
 	// the capacity that makes that weight the optimum (see calibrateTo).
