@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -516,5 +517,35 @@ func TestLookInterval(t *testing.T) {
 		if got := LookInterval(scrape); got != want {
 			t.Errorf("LookInterval(%v) = %v, want %v", scrape, got, want)
 		}
+	}
+}
+
+// Once learned, a result kept from Learned only by the estimates'
+// confidence (here a pod whose limit was lifted, so that its cores are
+// read afresh; kept unsure by reading them on a new node each cycle)
+// starts no spell at once: only after a whole query window of such
+// results, as a query window of Learned ones ends a spell.
+func TestDoubtStartsASpellOnlyAfterAWindow(t *testing.T) {
+	p, now := learned(t, config())
+	before := p.Switches()
+	at := now
+	unsure := func(i int) []weights.Pod {
+		pods := fleet()
+		pods[3].Cores, pods[3].Node, pods[3].NodeCores = 0, fmt.Sprintf("node-%d", i), 8
+		return pods
+	}
+	var d Decision
+	for i := 0; i < 2; i++ {
+		at = at.Add(30 * time.Second)
+		if d = p.Cycle(at, steady(nil), unsure(i)); !d.Result.Doubtful {
+			t.Fatalf("cycle %d: the result is not Doubtful (Learned %v: %s); this test needs another", i, d.Result.Learned, d.Result.Message)
+		}
+		if d.Balancer != weights.BalancerRoundRobin || p.Switches() != before {
+			t.Fatalf("cycle %d, %v into the doubt: %s (%s), %d switches; want ROUND_ROBIN kept", i, at.Sub(now), d.Balancer, d.Why, p.Switches()-before)
+		}
+	}
+	at = at.Add(30 * time.Second)
+	if d = p.Cycle(at, steady(nil), unsure(2)); d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonUnsettled {
+		t.Fatalf("a query window of Doubtful results: %s (%s); want a spell of LEAST_REQUEST", d.Balancer, d.Why)
 	}
 }

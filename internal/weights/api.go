@@ -179,6 +179,10 @@ type Result struct {
 	// (LEAST_REQUEST) in place of weighted ROUND_ROBIN, so opting in is
 	// never worse than Istio's default.
 	Learned bool
+	// Doubtful: the result is not Learned only because some estimates from
+	// data are less sure than the dead band; no pod is behind, blind or
+	// without data.
+	Doubtful bool
 	// Unlearned counts the pods weighted by their guessed cores and not
 	// learned from: with CPU alone, pods without a limit whose CPU request
 	// or node is known but whose node CPU is not, so that nothing would

@@ -440,7 +440,7 @@ func (e *Engine) hold(now time.Time, set []Pod, mode Mode, reasons []Reason) Res
 
 // finish records the weights and builds the result.
 func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed bool, reasons []Reason) Result {
-	learned := e.learned(set, weights, mode)
+	learned, doubtful := e.learned(set, weights, mode)
 	e.unapplied = changed && !maps.Equal(weights, e.reference())
 	e.mode, e.last, e.lastLearned = mode, weights, learned
 	caps := make(map[string]float64, len(set))
@@ -459,7 +459,7 @@ func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed
 			unlearned++
 		}
 	}
-	return Result{Weights: weights, Changed: changed, Mode: mode, Capacity: caps, Learned: learned,
+	return Result{Weights: weights, Changed: changed, Mode: mode, Capacity: caps, Learned: learned, Doubtful: doubtful,
 		Unlearned: unlearned, Reasons: reasons, Message: render(reasons)}
 }
 
@@ -475,25 +475,34 @@ func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed
 // queue does not grow is merely busy: the cap runs pods at up to
 // maxUtilisation, and their CPU reaches their limit over a window now and
 // then by chance (the same rule as decidePods').
-func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) bool {
+//
+// doubtful reports that only the estimates' confidence keeps the result
+// from Learned: no pod is behind or blind, and the pods that are unsure
+// all have estimates from data, merely wider than the dead band.
+func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) (learned, doubtful bool) {
 	switch mode {
 	case ModeFallback, ModeNoData:
-		return false
+		return false, false
 	}
 	models := e.models(set)
 	live, next := shares(set, e.reference()), shares(set, w)
-	unsure := 0.0
+	unsure, doubt := 0.0, 0.0
 	for i, pod := range set {
 		st := e.pods[pod.Name]
 		if st != nil && (st.hotBlind || st.backlog > 0 || st.blind) {
-			return false
+			return false, false
 		}
 		if st != nil && st.speed.known && (st.fromData || st.speed.v < 1) && math.Sqrt(models[i].logVar) <= max(e.params.DeadBand, e.noise) {
 			continue
 		}
-		unsure += max(live[i], next[i])
+		share := max(live[i], next[i])
+		unsure += share
+		if st != nil && st.speed.known && st.fromData {
+			doubt += share
+		}
 	}
-	return unsure <= 1-maxUtilisation
+	learned = unsure <= 1-maxUtilisation
+	return learned, !learned && unsure-doubt <= 1-maxUtilisation
 }
 
 // cycleReasons explains an optimizing cycle.
