@@ -333,15 +333,16 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 			// at the speed readings' percent, though a ceiling is often a
 			// tenth off), the count is restated in the noise as measured
 			// so far, so that the readings that follow outweigh the first
-			// ones as in a mean rather than at Smoothing's pace. Without
-			// it, a fast pod without a limit at 90% load read 11% high at
-			// opt-in was still 3% high ten minutes on and fell behind
-			// twice. Over the bench's no-limit scenarios (16 seeds each)
-			// the runs with a write after settling went from 17 to 7, the
-			// median p99 at 90% load fell 3%, and on CPU alone on a
-			// 1-2-4-8-core mix by a third. Once a memory of residuals has
-			// measured it, the noise's own wander is not restated: the
-			// bar would follow it.
+			// ones as in a mean rather than at Smoothing's pace. Upward
+			// only: a noise measured smaller does not make the readings
+			// already taken surer. Without it, a fast pod without a limit
+			// at 90% load read 11% high at opt-in was still 3% high ten
+			// minutes on and fell behind twice. Over the bench's no-limit
+			// scenarios (16 seeds each) the runs with a write after
+			// settling went from 17 to 10, the median p99 at 90% load fell
+			// 3.6%, and on CPU alone on a 1-2-4-8-core mix by a quarter.
+			// Once a memory of residuals has measured the noise, its own
+			// wander is not restated: the bar would follow it.
 			st.cores.v *= max(noise/st.coresR, 1)
 		}
 		st.coresR = noise
