@@ -1,9 +1,12 @@
 package conformance
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
@@ -53,12 +56,19 @@ func TestLoadBalancerPolicies(t *testing.T) {
 				})
 				t.Logf("%s: lb_policy %s after %s, endpoint weights %s", cluster, tc.want, took.Round(1e6), byPod(suite.fleet, w))
 			}
-			o := &optv1.IstioAdaptiveRequestOptimizer{}
-			if err := suite.c.Get(ctx, client.ObjectKey{Namespace: demoNS, Name: optimizerName}, o); err != nil {
-				t.Fatal(err)
-			}
-			if o.Status.LoadBalancer != tc.want {
-				t.Errorf("status.loadBalancer %q, want %q", o.Status.LoadBalancer, tc.want)
+			// The DestinationRule and the status are two writes: the
+			// status may land a moment after istiod has pushed the rule.
+			got := ""
+			err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, propagation, true, func(ctx context.Context) (bool, error) {
+				o := &optv1.IstioAdaptiveRequestOptimizer{}
+				if err := suite.c.Get(ctx, client.ObjectKey{Namespace: demoNS, Name: optimizerName}, o); err != nil {
+					return false, err
+				}
+				got = o.Status.LoadBalancer
+				return got == tc.want, nil
+			})
+			if err != nil {
+				t.Errorf("status.loadBalancer %q %v after the sidecar had lb_policy %s, want %q (%v)", got, propagation, tc.want, tc.want, err)
 			}
 		})
 	}
