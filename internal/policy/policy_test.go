@@ -524,7 +524,8 @@ func TestLookInterval(t *testing.T) {
 // confidence (here a pod whose limit was lifted, so that its cores are
 // read afresh; kept unsure by reading them on a new node each cycle)
 // starts no spell at once: only after a whole query window of such
-// results, as a query window of Learned ones ends a spell.
+// results, as a query window of Learned ones ends a spell. Meanwhile the
+// looks between cycles go on, as under any ROUND_ROBIN on the weights.
 func TestDoubtStartsASpellOnlyAfterAWindow(t *testing.T) {
 	p, now := learned(t, config())
 	before := p.Switches()
@@ -542,6 +543,9 @@ func TestDoubtStartsASpellOnlyAfterAWindow(t *testing.T) {
 		}
 		if d.Balancer != weights.BalancerRoundRobin || p.Switches() != before {
 			t.Fatalf("cycle %d, %v into the doubt: %s (%s), %d switches; want ROUND_ROBIN kept", i, at.Sub(now), d.Balancer, d.Why, p.Switches()-before)
+		}
+		if !p.LookWanted() {
+			t.Errorf("cycle %d: no looks between cycles while ROUND_ROBIN is kept through the doubt", i)
 		}
 	}
 	at = at.Add(30 * time.Second)

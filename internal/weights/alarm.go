@@ -60,10 +60,11 @@ func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bo
 }
 
 // Alarming reports whether Alarm can ring at all: the last result was
-// Learned (the operator runs ROUND_ROBIN on the weights) and rests on
-// fresh data (Optimizing or Steady).
+// Learned, or Doubtful (the operator runs ROUND_ROBIN on the weights, and
+// keeps it through a query window of doubt), and rests on fresh data
+// (Optimizing or Steady).
 func (e *Engine) Alarming() bool {
-	return e.lastLearned && (e.mode == ModeOptimizing || e.mode == ModeSteady)
+	return (e.lastLearned || e.lastDoubtful) && (e.mode == ModeOptimizing || e.mode == ModeSteady)
 }
 
 // rings reports whether a recent latency r rings the alarm for the pod:

@@ -58,6 +58,8 @@ type Engine struct {
 	gaps        int
 	mode        Mode
 	lastLearned bool
+	// lastDoubtful: the last result was Result.Doubtful.
+	lastDoubtful bool
 }
 
 // podState is what the engine believes about one pod.

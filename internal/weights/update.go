@@ -442,7 +442,7 @@ func (e *Engine) hold(now time.Time, set []Pod, mode Mode, reasons []Reason) Res
 func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed bool, reasons []Reason) Result {
 	learned, doubtful := e.learned(set, weights, mode)
 	e.unapplied = changed && !maps.Equal(weights, e.reference())
-	e.mode, e.last, e.lastLearned = mode, weights, learned
+	e.mode, e.last, e.lastLearned, e.lastDoubtful = mode, weights, learned, doubtful
 	caps := make(map[string]float64, len(set))
 	models := e.models(set)
 	mean := 0.0
