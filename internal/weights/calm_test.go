@@ -412,6 +412,45 @@ func TestPartialAnswer(t *testing.T) {
 	}
 }
 
+// A pod whose data returns after a cycle without any gives no speed
+// reading until its window is whole again: its rates come from the few
+// samples since, however far they read. Once a horizon has passed, its
+// readings count again.
+func TestRatesFromPartOfAWindowAreNotReadAsSpeed(t *testing.T) {
+	s := newService(t, true, 0.7, 0)
+	s.converge(60)
+	before := maps.Clone(s.live)
+	faster := func(obs Observation) Observation {
+		sig := obs.Signals["pod-0"]
+		sig.Requests *= 1.3 // the few requests of a scrape interval or two
+		obs.Signals["pod-0"] = sig
+		return obs
+	}
+	s.now = s.now.Add(30 * time.Second)
+	obs := s.observe(1)
+	delete(obs.Signals, "pod-0")
+	s.apply(s.e.Update(s.pods, obs))
+	gapAt := s.now
+	for s.now.Sub(gapAt) < s.e.params.horizon()-30*time.Second {
+		s.now = s.now.Add(30 * time.Second)
+		res := s.apply(s.e.Update(s.pods, faster(s.observe(1))))
+		if r, ok := Has(res.Reasons, ReasonNewData); !ok || fmt.Sprint(r.Pods) != "[pod-0]" {
+			t.Fatalf("reasons %+v: want NewData for pod-0", res.Reasons)
+		}
+		if res.Weights["pod-0"] != before["pod-0"] {
+			t.Fatalf("%v after the cycle without its data, pod-0's weight moved %d -> %d on a window holding part of its data (%s)",
+				s.now.Sub(gapAt), before["pod-0"], res.Weights["pod-0"], res.Message)
+		}
+	}
+	for range 10 {
+		s.now = s.now.Add(30 * time.Second)
+		s.apply(s.e.Update(s.pods, faster(s.observe(1))))
+	}
+	if s.live["pod-0"] <= before["pod-0"] {
+		t.Errorf("pod-0 read 30%% faster in whole windows for 5 minutes, weight %d -> %d", before["pod-0"], s.live["pod-0"])
+	}
+}
+
 // After a slowdown the slowed pod's weight is cut at the first look or
 // cycle that can show it, the early cycle and the regular cycle after it
 // on the same scrapes never move a weight in opposite directions, and the

@@ -48,7 +48,10 @@ type Engine struct {
 	started     bool
 	lastGood    time.Time // last observation with data; starts the expiry clock
 	recoveredAt time.Time // first observation with data after a spell without
-	lastUpdate  time.Time // last regular cycle with data
+	// noDataAt: the last cycle, within a horizon, that found a pod
+	// without CPU data (see noteDataGaps).
+	noDataAt   map[string]time.Time
+	lastUpdate time.Time // last regular cycle with data
 	// meanCycle is the mean gap between regular cycles over the
 	// estimates' memory (gaps counts them, up to it): what Snapshot
 	// persists and the windows' overlap is taken from (overlapInflation).
@@ -138,7 +141,7 @@ func (st *podState) backlogAt(at time.Time, window time.Duration) float64 {
 // New returns an engine with parameters p; invalid fields take their
 // defaults (check p.Validate() to report them).
 func New(p Params) *Engine {
-	return &Engine{params: p.sanitized(), pods: map[string]*podState{}, classes: map[string]float64{}, noise: minNoise()}
+	return &Engine{params: p.sanitized(), pods: map[string]*podState{}, classes: map[string]float64{}, noDataAt: map[string]time.Time{}, noise: minNoise()}
 }
 
 // SetParams changes the parameters; what was learned is kept.

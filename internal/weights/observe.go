@@ -43,6 +43,10 @@ type reading struct {
 		ok, upper bool
 		lo, hi    float64
 	}
+	// partial: the pod's rates cover only part of the window (a cycle
+	// within a horizon found it without data; see noteDataGaps).
+	partial bool
+
 	// shareLo, shareHi: the pod's average traffic share over the window;
 	// shareOK = it was in the set for all of it.
 	shareLo, shareHi float64
@@ -69,8 +73,9 @@ type cycleReadings struct {
 	// fromRequests: speeds are requests per CPU-second, because at least
 	// half of the pods with CPU data have request data too; else CPU alone.
 	fromRequests bool
-	// noData lists the pods without CPU data.
-	noData []string
+	// noData lists the pods without CPU data; newData those with data
+	// over part of the window only (see noteDataGaps).
+	noData, newData []string
 }
 
 // saturatedUse is the share of its CPU limit above which a pod counts as
@@ -283,7 +288,7 @@ func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []seg
 	for i, pod := range set {
 		r := &c.pods[i]
 		r.shareLo, r.shareHi, r.shareOK = shareRange(pod.Name, segs, windows)
-		if !r.hasCPU || r.cpu <= 0 || !r.shareOK || warming(p, pod, now) {
+		if !r.hasCPU || r.cpu <= 0 || !r.shareOK || r.partial || warming(p, pod, now) {
 			continue
 		}
 		switch {
@@ -356,6 +361,45 @@ func (e *Engine) loadSpread(now time.Time, set []Pod, c *cycleReadings) float64 
 	}
 	overlap := max(e.params.QueryWindow.Seconds()/now.Sub(e.lastUpdate).Seconds(), 1)
 	return math.Expm1(move) * overlap
+}
+
+// noteDataGaps marks the pods whose rates cover only part of the window.
+// A cycle that finds a pod without CPU data means its series had at most
+// one sample over that cycle's window: its data starts after that cycle,
+// less a scrape. Until a horizon has passed since, a window holds a
+// fraction of the samples of a whole one, and a rate from a few samples
+// is as far off as its few requests make it (at a first opt-in on a new
+// Service, the first cycle with data reads its rates from one scrape
+// interval: identical pods then read speeds 6% apart, which the estimates,
+// taking them at the noise of whole windows, carried for ten minutes).
+// Such a pod gives no speed reading, as a pod that became ready within
+// the window does not (warming): its weight is kept until its window is
+// whole (ReasonNewData). A query that failed outright says nothing of any
+// pod's samples.
+func (e *Engine) noteDataGaps(now time.Time, set []Pod, c *cycleReadings) {
+	for name, t := range e.noDataAt {
+		if now.Sub(t) >= e.params.horizon() {
+			delete(e.noDataAt, name)
+		}
+	}
+	for i, pod := range set {
+		switch r := &c.pods[i]; {
+		case !r.hasCPU:
+			e.noDataAt[pod.Name] = now
+		default:
+			// A pod still to be calibrated after a restart takes its first
+			// reading however partial: calibrateTo sets its speed from its
+			// live weight, and without it the seeded weight would be
+			// read as its speed.
+			_, r.partial = e.noDataAt[pod.Name]
+			if st := e.pods[pod.Name]; st != nil && st.calibrate {
+				r.partial = false
+			}
+			if r.partial {
+				c.newData = append(c.newData, pod.Name)
+			}
+		}
+	}
 }
 
 // warming reports whether the pod's rates over the window at now include

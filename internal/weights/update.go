@@ -20,6 +20,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		return e.unavailable(now, set, Reason{Code: ReasonQueryFailed, Detail: obs.Err.Error()})
 	}
 	c := readSignals(set, obs.Signals)
+	e.noteDataGaps(now, set, &c)
 	if c.withCPU == 0 {
 		return e.unavailable(now, set, Reason{Code: ReasonNoData, Pods: c.noData})
 	}
@@ -510,6 +511,9 @@ func (e *Engine) cycleReasons(set []Pod, c cycleReadings, learnedFrom int, gain,
 	var out []Reason
 	if len(c.noData) > 0 {
 		out = append(out, Reason{Code: ReasonPartialData, Pods: c.noData})
+	}
+	if len(c.newData) > 0 {
+		out = append(out, Reason{Code: ReasonNewData, Pods: c.newData})
 	}
 	code := ReasonSteady
 	if write {
