@@ -154,11 +154,9 @@ var baselineMisses = map[string]string{
 	"nolimits-mix1248.yaml": whyMix1248,
 }
 
-// whyMix1248 is measured on seeds 1-4 (per_minute on, --trace optimizer).
-const whyMix1248 = "the median misses by 1-2%, spread over the run rather than at its start (seeds 1-4: the optimizer's p99 per minute 0-5% above the best static weights' in most minutes): the weights written while the estimates settle (the last write at about 4 minutes at seed 1) keep those estimates' error, identical pods up to 20% apart (the 1-core pods at 187-227); the estimates then come within 3% of the truth, but the predicted gain of rewriting (0.3% of the request time, growing to 2.4% by the run's end) stays under the publish bar (1% growing to 2.8%), which the noisiest cores estimate sets (4-core pods on 16-core nodes whose neighbours' CPU strays by 10%), so they are not rewritten; a rewrite would be a write after settling; the engine before the rewrite: 58.2 ms median"
-
-// whyCPUAloneUnlikeCores: measured on seed 1 with --trace optimizer_cpu.
-const whyCPUAloneUnlikeCores = "with CPU alone and no CPU limits, a 1-core pod pinned at its core on a 4-core node whose neighbours' CPU is noisy reads idle CPU (room) in most windows, so it is not seen at its limit; under LEAST_REQUEST, which turns its excess away, its weight share per CPU-second reads it 3-4x faster than it is and it is weighted up for minutes (the engine before the rewrite: 1.02x; reading no speed under LEAST_REQUEST fixes this mix and breaks the mixes of unlike speeds, which then stay on LEAST_REQUEST)"
+// whyMix1248 is measured over seeds 1-16 (make bench-guard) and traced with
+// --trace optimizer.
+const whyMix1248 = "the median misses by under 1%: the weights written while the estimates settle keep those estimates' error, and the predicted gain of rewriting stays under the publish bar, which the noisiest cores estimate sets (4-core pods on 16-core nodes whose neighbours' CPU strays by 10%), so they are not rewritten; a rewrite would be a write after settling; the engine before the rewrite: 58.2 ms median"
 
 // whyMaxRatio: oracle_best is not bound by MaxRatio; the engine is.
 const whyMaxRatio = "at 20% load the best static weights send the slowest pods nothing, while the engine keeps every weight at least the mean over MaxRatio (gRPC clients clip weights at a tenth of the mean), so the slowest pods still serve a little (the least busy pod at 0.15x the mean utilisation against 0)"
