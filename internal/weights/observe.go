@@ -383,21 +383,21 @@ func (e *Engine) noteDataGaps(now time.Time, set []Pod, c *cycleReadings) {
 		}
 	}
 	for i, pod := range set {
-		switch r := &c.pods[i]; {
-		case !r.hasCPU:
+		r := &c.pods[i]
+		if !r.hasCPU {
 			e.noDataAt[pod.Name] = now
-		default:
-			// A pod still to be calibrated after a restart takes its first
-			// reading however partial: calibrateTo sets its speed from its
-			// live weight, and without it the seeded weight would be
-			// read as its speed.
-			_, r.partial = e.noDataAt[pod.Name]
-			if st := e.pods[pod.Name]; st != nil && st.calibrate {
-				r.partial = false
-			}
-			if r.partial {
-				c.newData = append(c.newData, pod.Name)
-			}
+			continue
+		}
+		// A pod still to be calibrated after a restart takes its first
+		// reading however partial: calibrateTo sets its speed from its
+		// live weight, and without that reading its seeded weight would
+		// stand as its speed.
+		_, r.partial = e.noDataAt[pod.Name]
+		if st := e.pods[pod.Name]; st != nil && st.calibrate {
+			r.partial = false
+		}
+		if r.partial {
+			c.newData = append(c.newData, pod.Name)
 		}
 	}
 }
