@@ -24,8 +24,9 @@ const (
 	// ReasonPartialData: these Pods had no CPU data; their weights are kept.
 	ReasonPartialData ReasonCode = "PartialData"
 	// ReasonNewData: these Pods had no CPU data at a cycle within the last
-	// query window: their rates cover part of it, and their weights are
-	// kept until a whole window holds their data.
+	// query window and scrape interval (the horizon): their rates cover part
+	// of the window, and their weights are kept until a whole one holds
+	// their data.
 	ReasonNewData ReasonCode = "NewData"
 	// ReasonMoved: the predicted gain (Gain) beat the bar (Bar); weights
 	// moved by up to Value; learned from Count of Of pods (Detail:
@@ -120,7 +121,7 @@ func (r Reason) String() string {
 	case ReasonPartialData:
 		return fmt.Sprintf("no CPU data for %d pod(s) (%s): their weights are kept", len(r.Pods), pods())
 	case ReasonNewData:
-		return fmt.Sprintf("%d pod(s) (%s) lacked CPU data within the last query window: their weights are kept until a whole window holds their data", len(r.Pods), pods())
+		return fmt.Sprintf("%d pod(s) (%s) lacked CPU data within the last query window and scrape interval: their weights are kept until a whole window holds their data", len(r.Pods), pods())
 	case ReasonMoved:
 		return fmt.Sprintf("Optimizing: weights moved by up to %.1f%% for a predicted gain of %.2g%% of the request time (bar %.2g%%); learned from %d of %d pods using %s",
 			100*r.Value, 100*r.Gain, 100*r.Bar, r.Count, r.Of, source)

@@ -154,8 +154,8 @@ var baselineMisses = map[string]string{
 	"nolimits-mix1248.yaml": whyMix1248,
 }
 
-// whyMix1248 is measured over seeds 1-16 (make bench-guard) and traced with
-// --trace optimizer.
+// whyMix1248: the miss is measured over seeds 1-16 (make bench-guard); the
+// cause was traced with --trace optimizer before the last engine change.
 const whyMix1248 = "the median misses by under 1%: the weights written while the estimates settle keep those estimates' error, and the predicted gain of rewriting stays under the publish bar, which the noisiest cores estimate sets (4-core pods on 16-core nodes whose neighbours' CPU strays by 10%), so they are not rewritten; a rewrite would be a write after settling; the engine before the rewrite: 58.2 ms median"
 
 // whyMaxRatio: oracle_best is not bound by MaxRatio; the engine is.
