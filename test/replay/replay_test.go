@@ -217,7 +217,10 @@ func replayControllers(t *testing.T, tr *driver.Trace) []step {
 	// restore at a first opt-in), the weights, the write, the poke.
 	var live map[string]uint32
 	var writes []step
-	reconcile := func() {
+	// woken: the reconcile answers the loop's wake after a cycle; only
+	// those record the cycle's outcome (the worker may run the first
+	// cycle while the mirror's first reconcile is still applying).
+	reconcile := func(woken bool) {
 		now := clk.Now()
 		w := book.WeightsFor(key, s.Params, now, eps, nil, true)
 		applied := append([]desired.Endpoint(nil), eps...)
@@ -229,14 +232,14 @@ func replayControllers(t *testing.T, tr *driver.Trace) []step {
 			live, st.Written = w, w
 		}
 		book.Applied(key, s.Params, now, applied)
-		if out := book.Outcome(key); out != nil && out.Time.Equal(now) {
+		if out := book.Outcome(key); woken && out != nil && out.Time.Equal(now) {
 			st.Balancer = out.Balancer
 			writes = append(writes, st)
 		}
 	}
 	loop.Ensure(opt, s)
 	book.Restore(key, s.Params, weights.Snapshot{}, "")
-	reconcile()
+	reconcile(false)
 	loop.Poke(key)
 
 	for {
@@ -249,7 +252,7 @@ func replayControllers(t *testing.T, tr *driver.Trace) []step {
 		}
 		for len(wake) > 0 {
 			<-wake
-			reconcile()
+			reconcile(true)
 		}
 		act, at := book.Next(key, clk.Now())
 		if act == policy.Wait {
