@@ -523,10 +523,10 @@ func TestLookInterval(t *testing.T) {
 // Once learned, a result kept from Learned only by the estimates'
 // confidence (here a pod whose limit was lifted, so that its cores are
 // read afresh; kept unsure by reading them on a new node each cycle)
-// starts no spell at once: only after a whole query window of such
-// results, as a query window of Learned ones ends a spell. Meanwhile the
-// looks between cycles go on, as under any ROUND_ROBIN on the weights.
-func TestDoubtStartsASpellOnlyAfterAWindow(t *testing.T) {
+// starts no spell, however long it lasts: doubt is not evidence. The looks
+// between cycles go on, as under any ROUND_ROBIN on the weights, and a
+// queue (here an alarm at a look) still starts a spell at once.
+func TestDoubtStartsNoSpellAQueueDoes(t *testing.T) {
 	p, now := learned(t, config())
 	before := p.Switches()
 	at := now
@@ -536,20 +536,25 @@ func TestDoubtStartsASpellOnlyAfterAWindow(t *testing.T) {
 		return pods
 	}
 	var d Decision
-	for i := 0; i < 2; i++ {
+	for i := 0; i < 10; i++ { // five minutes: several query windows
 		at = at.Add(30 * time.Second)
 		if d = p.Cycle(at, steady(nil), unsure(i)); !d.Result.Doubtful {
 			t.Fatalf("cycle %d: the result is not Doubtful (Learned %v: %s); this test needs another", i, d.Result.Learned, d.Result.Message)
 		}
+		p.Applied(at, p.Weights(at, unsure(i)))
 		if d.Balancer != weights.BalancerRoundRobin || p.Switches() != before {
 			t.Fatalf("cycle %d, %v into the doubt: %s (%s), %d switches; want ROUND_ROBIN kept", i, at.Sub(now), d.Balancer, d.Why, p.Switches()-before)
 		}
 		if !p.LookWanted() {
-			t.Errorf("cycle %d: no looks between cycles while ROUND_ROBIN is kept through the doubt", i)
+			t.Fatalf("cycle %d: no looks between cycles while ROUND_ROBIN is kept through the doubt", i)
 		}
 	}
-	at = at.Add(30 * time.Second)
-	if d = p.Cycle(at, steady(nil), unsure(2)); d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonUnsettled {
-		t.Fatalf("a query window of Doubtful results: %s (%s); want a spell of LEAST_REQUEST", d.Balancer, d.Why)
+	at = at.Add(15 * time.Second)
+	slow := steady(map[string]float64{"web-3": 2})
+	if a, ring := p.Look(at, slow); !ring || a.Pod != "web-3" {
+		t.Fatalf("look: %+v %v, want an alarm for web-3", a, ring)
+	}
+	if d = p.Cycle(at, slow, unsure(10)); d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonAlarm || !d.Switched {
+		t.Fatalf("an alarm during the doubt: %s (%s) switched %v; want a spell of LEAST_REQUEST at once", d.Balancer, d.Why, d.Switched)
 	}
 }

@@ -61,7 +61,7 @@ func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bo
 
 // Alarming reports whether Alarm can ring at all: the last result was
 // Learned, or Doubtful (the operator runs ROUND_ROBIN on the weights, and
-// keeps it through a query window of doubt), and rests on fresh data
+// keeps it through doubt), and rests on fresh data
 // (Optimizing or Steady).
 func (e *Engine) Alarming() bool {
 	return (e.lastLearned || e.lastDoubtful) && (e.mode == ModeOptimizing || e.mode == ModeSteady)
