@@ -181,7 +181,8 @@ type Result struct {
 	Learned bool
 	// Doubtful: the result is not Learned only because some estimates from
 	// data are less sure than the dead band; no pod is behind, blind or
-	// without data.
+	// without data. It is not evidence against the weights: the operator
+	// keeps ROUND_ROBIN through it, and a pod they overload shows a queue.
 	Doubtful bool
 	// Unlearned counts the pods weighted by their guessed cores and not
 	// learned from: with CPU alone, pods without a limit whose CPU request
