@@ -32,8 +32,8 @@
 //     result at the edge of the engine's confidence does not switch the
 //     mesh back and forth. With CPU alone, a pod at its limit after
 //     learning keeps LEAST_REQUEST until request rates measure the speeds
-//     (ReasonCPUAtLimit). The engine is told which
-//     balancer was live over each query window (weights.Observation.Balancer).
+//     (ReasonCPUAtLimit). The engine is told which balancer was live over
+//     each query window (weights.Observation.Balancer).
 package policy
 
 import (
@@ -447,8 +447,8 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 		lb, why = weights.BalancerLeastRequest, ReasonLearning
 	case d.Result.Doubtful && !alarmed && p.balancer == weights.BalancerRoundRobin:
 		// Only the estimates' confidence keeps the result from Learned:
-		// no pod is behind, blind or without data, and the live weights
-		// are those that were Learned. Doubt starts no spell: weights
+		// no pod is behind, blind or without data, and ROUND_ROBIN is
+		// live on weights that were Learned. Doubt starts no spell: weights
 		// that overload a pod under ROUND_ROBIN show as its queue (a
 		// backlog, an alarm at a look; the looks go on), which starts one
 		// at once, so a spell on doubt alone only adds two switches. A
