@@ -45,10 +45,28 @@ func liveBalancer(live *istionet.DestinationRule) weights.Balancer {
 	return ""
 }
 
-// balancer records the policy written into the DestinationRule and, when it
-// is not the one asked for, why (why: the optimizer's policy's reason).
-func (s *status) balancer(requested optv1.LoadBalancer, written networking.LoadBalancerSettings_SimpleLB, useEngine bool, why policy.Reason) {
+// liveBalancerReason is the reason the status gives for the live
+// DestinationRule's load balancer, "" when the status speaks of another
+// (a status written before the DestinationRule was changed by hand, or
+// never written).
+func liveBalancerReason(opt *optv1.IstioAdaptiveRequestOptimizer, live *istionet.DestinationRule) policy.Reason {
+	lb := liveBalancer(live)
+	if lb == "" || opt.Status.LoadBalancer != string(lb) {
+		return ""
+	}
+	return policy.Reason(opt.Status.LoadBalancerReason)
+}
+
+// balancer records the policy written into the DestinationRule, the
+// optimizer's policy's reason for it (why; seeded false: the policy has not
+// chosen yet, and the reason recorded last stays) and, when it is not the
+// one asked for, a note saying why.
+func (s *status) balancer(requested optv1.LoadBalancer, written networking.LoadBalancerSettings_SimpleLB, useEngine bool, why policy.Reason, seeded bool) {
 	s.loadBalancer = written.String()
+	s.balancerWhy, s.balancerWhyKnown = why, seeded
+	if !useEngine {
+		s.balancerWhy, s.balancerWhyKnown = "", true
+	}
 	switch {
 	case string(requested) == s.loadBalancer:
 	case useEngine && why == policy.ReasonAlarm:

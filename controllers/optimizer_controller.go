@@ -191,7 +191,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		return ctrl.Result{}, err
 	}
 	useEngine := r.Loop.enabled() && !settings.DryRun
-	r.Weights.Restore(req.NamespacedName, settings.Params, learnedSnapshot(opt), liveBalancer(live.dr))
+	r.Weights.Restore(req.NamespacedName, settings.Params, learnedSnapshot(opt), liveBalancer(live.dr), liveBalancerReason(opt, live.dr))
 	in.WeightsLearned = weightsLearned(r.Weights, req.NamespacedName, useEngine, live.dr)
 	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
 		compute := func() map[string]uint32 {
@@ -208,8 +208,8 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	}
 	res := desired.Compute(in)
 	st.host = res.Host
-	_, why, _ := r.Weights.Balancer(req.NamespacedName)
-	st.balancer(opt.Balancer(), res.LoadBalancer, useEngine, why)
+	_, why, seeded := r.Weights.Balancer(req.NamespacedName)
+	st.balancer(opt.Balancer(), res.LoadBalancer, useEngine, why, seeded)
 	st.endpointsByPod = make(map[string]desired.Endpoint, len(res.Endpoints))
 	for _, ep := range res.Endpoints {
 		st.endpointsByPod[ep.Pod] = ep

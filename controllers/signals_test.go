@@ -229,8 +229,8 @@ func TestLoadBalancerFollowsLearned(t *testing.T) {
 		}
 		o := env.optimizer(t, ns, "web")
 		ready := meta.FindStatusCondition(o.Status.Conditions, optv1.ConditionReady)
-		if o.Status.LoadBalancer != "LEAST_REQUEST" || ready == nil || !strings.Contains(ready.Message, "LEAST_REQUEST (Istio's default) until the weights rest on measured capacity and no pod is falling behind, then ROUND_ROBIN") {
-			return fmt.Errorf("status.loadBalancer %q, Ready %v", o.Status.LoadBalancer, ready)
+		if o.Status.LoadBalancer != "LEAST_REQUEST" || o.Status.LoadBalancerReason != "Learning" || ready == nil || !strings.Contains(ready.Message, "LEAST_REQUEST (Istio's default) until the weights rest on measured capacity and no pod is falling behind, then ROUND_ROBIN") {
+			return fmt.Errorf("status.loadBalancer %q (%q), Ready %v", o.Status.LoadBalancer, o.Status.LoadBalancerReason, ready)
 		}
 		return nil
 	})
@@ -246,16 +246,16 @@ func TestLoadBalancerFollowsLearned(t *testing.T) {
 		if err != nil || p != networking.LoadBalancerSettings_ROUND_ROBIN {
 			return fmt.Errorf("policy %v (%v)", p, err)
 		}
-		if o := env.optimizer(t, ns, "web"); o.Status.LoadBalancer != "ROUND_ROBIN" {
-			return fmt.Errorf("status.loadBalancer %q", o.Status.LoadBalancer)
+		if o := env.optimizer(t, ns, "web"); o.Status.LoadBalancer != "ROUND_ROBIN" || o.Status.LoadBalancerReason != "Learned" {
+			return fmt.Errorf("status.loadBalancer %q (%q)", o.Status.LoadBalancer, o.Status.LoadBalancerReason)
 		}
 		return nil
 	})
 	if p, err := env.policy(ns, "lr"); err != nil || p != networking.LoadBalancerSettings_LEAST_REQUEST {
 		t.Errorf("load_balancer LEAST_REQUEST: policy %v (%v)", p, err)
 	}
-	if o := env.optimizer(t, ns, "lr"); o.Status.LoadBalancer != "LEAST_REQUEST" {
-		t.Errorf("load_balancer LEAST_REQUEST: status.loadBalancer %q", o.Status.LoadBalancer)
+	if o := env.optimizer(t, ns, "lr"); o.Status.LoadBalancer != "LEAST_REQUEST" || o.Status.LoadBalancerReason != "UserChoice" {
+		t.Errorf("load_balancer LEAST_REQUEST: status.loadBalancer %q (%q)", o.Status.LoadBalancer, o.Status.LoadBalancerReason)
 	}
 
 	t.Run("CPUOnly", func(t *testing.T) { testCPUOnly(t, env, ns) })

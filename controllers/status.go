@@ -14,6 +14,7 @@ import (
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
 
@@ -40,6 +41,11 @@ type status struct {
 	refreshPhase time.Duration // this optimizer's statusRefreshPhase
 	loadBalancer string        // the DestinationRule's policy
 	balancerNote string        // why it is not the one asked for
+	// balancerWhy is the policy's reason for loadBalancer ("" without the
+	// engine); balancerWhyKnown is false while the policy is not seeded,
+	// when the reason recorded last stays.
+	balancerWhy      policy.Reason
+	balancerWhyKnown bool
 }
 
 type reasonMessage struct{ reason, message string }
@@ -77,6 +83,9 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 	}
 	if s.loadBalancer != "" {
 		st.LoadBalancer = s.loadBalancer
+		if s.balancerWhyKnown {
+			st.LoadBalancerReason = string(s.balancerWhy)
+		}
 	}
 	st.Endpoints = s.endpoints
 	// The shape is what Ready's message says besides the cycle's figures:

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	networking "istio.io/api/networking/v1alpha3"
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -190,13 +191,13 @@ func TestBalancerNoteNamesThePolicysReason(t *testing.T) {
 	} {
 		opt := &optv1.IstioAdaptiveRequestOptimizer{}
 		st := newStatus(opt)
-		st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_LEAST_REQUEST, true, c.why)
+		st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_LEAST_REQUEST, true, c.why, true)
 		if !strings.Contains(st.balancerNote, c.want) || !strings.HasSuffix(st.balancerNote, "then ROUND_ROBIN") {
 			t.Errorf("%s: note %q, want it to say %q and what follows", c.why, st.balancerNote, c.want)
 		}
 	}
 	st := newStatus(&optv1.IstioAdaptiveRequestOptimizer{})
-	st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_ROUND_ROBIN, true, policy.ReasonLearned)
+	st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_ROUND_ROBIN, true, policy.ReasonLearned, true)
 	if st.balancerNote != "" {
 		t.Errorf("the balancer asked for is live, yet the note says %q", st.balancerNote)
 	}
@@ -218,7 +219,7 @@ func TestQuietCycleStillSaysWhyTheBalancerChanged(t *testing.T) {
 		st.host, st.endpoints = "web.shop.adaptive", 2
 		st.owned = optv1.OwnedObjects{Namespace: "shop", ServiceEntry: "web-adaptive", DestinationRule: "web-adaptive"}
 		st.optimization(out, true)
-		st.balancer(optv1.LoadBalancerRoundRobin, lb, true, why)
+		st.balancer(optv1.LoadBalancerRoundRobin, lb, true, why, true)
 		st.apply(opt, out.Time)
 		return meta.FindStatusCondition(opt.Status.Conditions, optv1.ConditionReady).Message
 	}
@@ -235,5 +236,43 @@ func TestQuietCycleStillSaysWhyTheBalancerChanged(t *testing.T) {
 	}
 	if msg := cycle(120*time.Second, false, networking.LoadBalancerSettings_ROUND_ROBIN, policy.ReasonLearned); strings.Contains(msg, "load balancer") {
 		t.Errorf("back on the balancer asked for, Ready still has a note: %q", msg)
+	}
+}
+
+// The status records the policy's reason for the load balancer, keeps it
+// while the policy has not chosen (the first reconcile after a restart,
+// before the pods are seen), and clears it without the engine; a restarted
+// manager reads it back only for the balancer the DestinationRule carries.
+func TestLoadBalancerReasonIsRecordedAndReadBack(t *testing.T) {
+	opt := &optv1.IstioAdaptiveRequestOptimizer{}
+	lr := &istionet.DestinationRule{}
+	lr.Spec.TrafficPolicy = &networking.TrafficPolicy{LoadBalancer: &networking.LoadBalancerSettings{
+		LbPolicy: &networking.LoadBalancerSettings_Simple{Simple: networking.LoadBalancerSettings_LEAST_REQUEST}}}
+	rr := lr.DeepCopy()
+	rr.Spec.TrafficPolicy.LoadBalancer.LbPolicy = &networking.LoadBalancerSettings_Simple{Simple: networking.LoadBalancerSettings_ROUND_ROBIN}
+	for i, c := range []struct {
+		useEngine, seeded bool
+		why               policy.Reason
+		want              string
+	}{
+		{true, true, policy.ReasonCPUAtLimit, "CPUAtLimit"},
+		{true, false, "", "CPUAtLimit"},
+		{false, false, "", ""},
+	} {
+		st := newStatus(opt)
+		st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_LEAST_REQUEST, c.useEngine, c.why, c.seeded)
+		st.apply(opt, time.Unix(0, 0))
+		if opt.Status.LoadBalancer != "LEAST_REQUEST" || opt.Status.LoadBalancerReason != c.want {
+			t.Fatalf("step %d: loadBalancer %q, loadBalancerReason %q; want LEAST_REQUEST, %q", i, opt.Status.LoadBalancer, opt.Status.LoadBalancerReason, c.want)
+		}
+	}
+	opt.Status.LoadBalancerReason = string(policy.ReasonCPUAtLimit)
+	for _, c := range []struct {
+		live *istionet.DestinationRule
+		want policy.Reason
+	}{{lr, policy.ReasonCPUAtLimit}, {rr, ""}, {nil, ""}} {
+		if got := liveBalancerReason(opt, c.live); got != c.want {
+			t.Errorf("status LEAST_REQUEST (CPUAtLimit), live %s: read back %q, want %q", liveBalancer(c.live), got, c.want)
+		}
 	}
 }

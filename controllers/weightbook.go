@@ -38,8 +38,10 @@ type bookEntry struct {
 	// snapshot last written there (see learned_state.go).
 	restore, persisted weights.Snapshot
 	// liveBalancer is the live DestinationRule's load balancer ("" when
-	// none) until the policy is seeded.
+	// none) and liveWhy the earlier manager's reason for it ("" when
+	// unknown), until the policy is seeded.
 	liveBalancer weights.Balancer
+	liveWhy      policy.Reason
 	// parked: nothing is due until the next Applied (see Park).
 	parked bool
 }
@@ -94,7 +96,7 @@ func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uin
 	for _, ep := range eps {
 		e.readySince[ep.Pod] = time.Time{}
 	}
-	if e.policy.OptIn(now, e.pods(now, eps), w, e.liveBalancer, e.restore) && e.restore.Valid() && len(w) > 0 {
+	if e.policy.OptIn(now, e.pods(now, eps), w, e.liveBalancer, e.liveWhy, e.restore) && e.restore.Valid() && len(w) > 0 {
 		// An engine ran before this one and its weights are live: they
 		// are settled estimates, and its snapshot is the one persisted.
 		e.persisted = e.restore
@@ -276,13 +278,14 @@ func (b *WeightBook) Forget(key types.NamespacedName) {
 }
 
 // Restore hands the book what an earlier manager left of an optimizer,
-// for its policy's seed: the learned snapshot and the live DestinationRule's
-// load balancer ("" when none). It has no effect once the policy is seeded.
-func (b *WeightBook) Restore(key types.NamespacedName, p weights.Params, s weights.Snapshot, liveBalancer weights.Balancer) {
+// for its policy's seed: the learned snapshot, the live DestinationRule's
+// load balancer ("" when none) and the reason the earlier manager recorded
+// for it ("" when unknown). It has no effect once the policy is seeded.
+func (b *WeightBook) Restore(key types.NamespacedName, p weights.Params, s weights.Snapshot, liveBalancer weights.Balancer, liveWhy policy.Reason) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if e := b.entry(key, p); !e.policy.OptedIn() {
-		e.restore, e.liveBalancer = s, liveBalancer
+		e.restore, e.liveBalancer, e.liveWhy = s, liveBalancer, liveWhy
 	}
 }
 

@@ -385,6 +385,16 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// +optional
 	LoadBalancer string `json:"loadBalancer,omitempty"`
 
+	// loadBalancerReason is why the weight loop's policy chose
+	// loadBalancer, one of UserChoice, Learning, Learned, Restored, Alarm,
+	// Unsettled, Fallback and CPUAtLimit (README, "Load balancer"); empty
+	// when the weights are not optimized (no metrics backend, or dry run).
+	// A restarted manager reads it to keep a LEAST_REQUEST its predecessor
+	// chose after learning.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	LoadBalancerReason string `json:"loadBalancerReason,omitempty"`
+
 	// weights are the last computed weights, the first 100 by pod name
 	// (endpoint_weight has them all).
 	// +optional

@@ -20,7 +20,9 @@
 //   - Seeding. At a first opt-in the pods carried equal traffic under
 //     Istio's default LEAST_REQUEST, and the engine is told so over the
 //     whole query window (no empty history). After a restart the live
-//     weights, with the persisted weights.Snapshot, are settled estimates.
+//     weights, with the persisted weights.Snapshot, are settled estimates,
+//     and the live load balancer is kept with the reason the manager before
+//     gave for it.
 //   - The load balancer. LEAST_REQUEST until the engine's results have been
 //     Learned for a whole query window, then the user's choice. A later
 //     result that is not Learned (an alarm, a drained pod, a pod without
@@ -186,8 +188,8 @@ type Policy struct {
 
 	balancer weights.Balancer
 	why      Reason
-	// learned: the engine's result was Learned once since opt-in (or the
-	// live DestinationRule said ROUND_ROBIN at a restart).
+	// learned: the engine's result was Learned once since opt-in (or, at
+	// a restart, the live balancer said the manager before had learned).
 	learned bool
 	// leastRequestUntil is the last instant LEAST_REQUEST was live
 	// (zero: never within memory).
@@ -231,14 +233,19 @@ func (p *Policy) Configure(now time.Time, cfg Config) {
 // endpoints, at now: live is the weights the ServiceEntry carries (nil at a
 // first opt-in, when there is none), liveBalancer the DestinationRule's
 // load balancer ("" when there is none), snap what an earlier manager
-// persisted (weights.Snapshot; invalid = none). With live weights for the
-// pods (a restart) they are settled estimates, and the live load balancer is
-// kept until the first cycle. Without them the pods carried equal traffic
+// persisted (weights.Snapshot; invalid = none), and liveWhy the reason the
+// earlier manager gave for the live load balancer ("" when unknown). With
+// live weights for the pods (a restart) they are settled estimates, and the
+// live load balancer is kept until the first cycle; one the earlier manager
+// chose after it had learned (ReasonAlarm, ReasonUnsettled,
+// ReasonCPUAtLimit) is kept as it would have kept it: a spell ends once the
+// results have been Learned for a query window, CPUAtLimit once request
+// rates measure the speeds. Without them the pods carried equal traffic
 // under Istio's default LEAST_REQUEST, and that is the history the engine
 // gets. The first cycle is due at once. OptIn with no pods does nothing and
 // returns false (the caller tries again when there are pods); after a
 // successful OptIn it does nothing.
-func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32, liveBalancer weights.Balancer, snap weights.Snapshot) bool {
+func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32, liveBalancer weights.Balancer, liveWhy Reason, snap weights.Snapshot) bool {
 	if p.optedIn || len(pods) == 0 {
 		return false
 	}
@@ -267,13 +274,23 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 		}
 		p.eng.Applied(now.Add(-p.horizon()), equal)
 	}
-	if restart && liveBalancer == weights.BalancerRoundRobin {
+	switch {
+	case restart && liveBalancer == weights.BalancerRoundRobin:
 		// The manager before this one had learned; its weights are live
 		// under ROUND_ROBIN. Keep it (a restart must not flip the mesh's
 		// balancer back and forth).
 		p.learned = true
 		p.balancer, p.why = weights.BalancerRoundRobin, ReasonRestored
-	} else {
+	case restart && liveBalancer == weights.BalancerLeastRequest && (liveWhy == ReasonAlarm || liveWhy == ReasonUnsettled || liveWhy == ReasonCPUAtLimit):
+		// The manager before this one had learned and chose
+		// LEAST_REQUEST for a reason that outlives it. Learning again
+		// would switch to ROUND_ROBIN after a query window and, on CPU
+		// alone, back at the next pod at its limit.
+		p.learned = true
+		p.cpuAtLimit = liveWhy == ReasonCPUAtLimit
+		p.leastRequestUntil = now
+		p.balancer, p.why = weights.BalancerLeastRequest, liveWhy
+	default:
 		p.leastRequestUntil = now
 		p.balancer, p.why = weights.BalancerLeastRequest, ReasonLearning
 	}

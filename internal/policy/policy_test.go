@@ -68,7 +68,7 @@ func TestNothingIsDueBeforeTheOptIn(t *testing.T) {
 	if act, _ := p.Next(t0); act != Wait {
 		t.Fatalf("before the opt-in: %v, want Wait", act)
 	}
-	if p.OptIn(t0, nil, nil, "", weights.Snapshot{}) {
+	if p.OptIn(t0, nil, nil, "", "", weights.Snapshot{}) {
 		t.Fatal("OptIn without pods succeeded")
 	}
 	if act, _ := p.Next(t0); act != Wait {
@@ -80,7 +80,7 @@ func TestNothingIsDueBeforeTheOptIn(t *testing.T) {
 // cycles follow one period plus at most a tenth of it apart.
 func TestFirstCycleAtOptInThenPeriodWithJitter(t *testing.T) {
 	p := New(config())
-	if !p.OptIn(t0, fleet(), nil, "", weights.Snapshot{}) {
+	if !p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{}) {
 		t.Fatal("OptIn failed")
 	}
 	if act, at := p.Next(t0); act != Cycle || !at.Equal(t0) {
@@ -115,7 +115,7 @@ func TestFirstCycleAtOptInThenPeriodWithJitter(t *testing.T) {
 // empty history), and told LEAST_REQUEST was live.
 func TestOptInSeedsEqualWeightsUnderLeastRequest(t *testing.T) {
 	p := New(config())
-	p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+	p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
 	w := p.Weights(t0, fleet())
 	if len(w) != 4 {
 		t.Fatalf("weights %v, want four", w)
@@ -138,7 +138,7 @@ func TestOptInSeedsEqualWeightsUnderLeastRequest(t *testing.T) {
 // more.
 func TestLeastRequestUntilLearnedThenRoundRobinOnce(t *testing.T) {
 	p := New(config())
-	p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+	p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
 	_, at, ds := runUntil(t, p, t0.Add(20*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
 	learned := -1
 	var since time.Time
@@ -173,7 +173,7 @@ func TestLeastRequestUntilLearnedThenRoundRobinOnce(t *testing.T) {
 func learned(t *testing.T, cfg Config) (*Policy, time.Time) {
 	t.Helper()
 	p := New(cfg)
-	p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+	p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
 	end := t0.Add(10 * time.Minute)
 	runUntil(t, p, end, func(time.Time) weights.Observation { return steady(nil) })
 	if lb, _ := p.Balancer(); lb != weights.BalancerRoundRobin {
@@ -228,7 +228,7 @@ func TestNoLooksUnderLeastRequestOrWhenOff(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := New(cfg)
-			p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+			p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
 			acts, _, ds := runUntil(t, p, t0.Add(10*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
 			for _, a := range acts {
 				if a == Look {
@@ -358,7 +358,7 @@ func cpuOnly(hot string) weights.Observation {
 // changes nothing.
 func TestAPodAtItsLimitOnCPUAloneKeepsLeastRequest(t *testing.T) {
 	p := New(config())
-	p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+	p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
 	d := p.Cycle(t0, cpuOnly("web-1"), fleet())
 	if _, hot := weights.Has(d.Result.Reasons, weights.ReasonSaturated); !hot {
 		t.Fatalf("web-1 at its limit is not reported Saturated: %s", d.Result.Message)
@@ -415,7 +415,7 @@ func TestRestartOnCPUAloneWithAPodAtItsLimitKeepsLeastRequest(t *testing.T) {
 	old, now := learned(t, config())
 	live := old.Weights(now, fleet())
 	p := New(config())
-	p.OptIn(now, fleet(), live, weights.BalancerLeastRequest, old.Snapshot())
+	p.OptIn(now, fleet(), live, weights.BalancerLeastRequest, "", old.Snapshot())
 	d := p.Cycle(now, cpuOnly("web-1"), fleet())
 	if d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonCPUAtLimit {
 		t.Fatalf("first cycle after a restart, a pod at its limit on CPU alone: %s (%s), want LEAST_REQUEST (CPUAtLimit)", d.Balancer, d.Why)
@@ -427,13 +427,48 @@ func TestRestartOnCPUAloneWithAPodAtItsLimitKeepsLeastRequest(t *testing.T) {
 	}
 }
 
+// A restart under a LEAST_REQUEST the manager before chose because a pod
+// reached its limit on CPU alone keeps it, with its reason, although no pod
+// is at its limit now: learning again would switch to ROUND_ROBIN after a
+// query window and back at the next pod at its limit. Request rates end it
+// as they would have.
+func TestRestartKeepsCPUAtLimitWithoutAPodAtItsLimit(t *testing.T) {
+	old, now := learned(t, config())
+	live := old.Weights(now, fleet())
+	p := New(config())
+	p.OptIn(now, fleet(), live, weights.BalancerLeastRequest, ReasonCPUAtLimit, old.Snapshot())
+	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonCPUAtLimit {
+		t.Fatalf("after the restart: %s (%s), want LEAST_REQUEST (CPUAtLimit)", lb, why)
+	}
+	end := now.Add(10 * time.Minute)
+	_, _, ds := runUntil(t, p, end, func(time.Time) weights.Observation { return cpuOnly("") })
+	for i, d := range ds {
+		if d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonCPUAtLimit {
+			t.Fatalf("cycle %d after the restart, no pod at its limit: %s (%s), want LEAST_REQUEST (CPUAtLimit)", i, d.Balancer, d.Why)
+		}
+	}
+	runUntil(t, p, end.Add(5*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	if lb, why := p.Balancer(); lb != weights.BalancerRoundRobin || why != ReasonLearned || p.Switches() != 1 {
+		t.Errorf("5 minutes of request rates: %s (%s), %d switches; want ROUND_ROBIN (Learned), 1", lb, why, p.Switches())
+	}
+	// The reason of a spell is kept too; one from before learning is not
+	// evidence that the manager before had learned.
+	for _, c := range []struct{ why, want Reason }{{ReasonAlarm, ReasonAlarm}, {ReasonUnsettled, ReasonUnsettled}, {ReasonLearning, ReasonLearning}, {ReasonFallback, ReasonLearning}, {"", ReasonLearning}} {
+		q := New(config())
+		q.OptIn(now, fleet(), live, weights.BalancerLeastRequest, c.why, old.Snapshot())
+		if lb, why := q.Balancer(); lb != weights.BalancerLeastRequest || why != c.want {
+			t.Errorf("restart under LEAST_REQUEST (%q): %s (%s), want LEAST_REQUEST (%s)", c.why, lb, why, c.want)
+		}
+	}
+}
+
 // After a restart with live weights under ROUND_ROBIN, the balancer is kept
 // and the first cycle still runs at once.
 func TestRestartKeepsTheLiveBalancer(t *testing.T) {
 	old, now := learned(t, config())
 	live := old.Weights(now, fleet())
 	p := New(config())
-	p.OptIn(now, fleet(), live, weights.BalancerRoundRobin, old.Snapshot())
+	p.OptIn(now, fleet(), live, weights.BalancerRoundRobin, "", old.Snapshot())
 	if lb, why := p.Balancer(); lb != weights.BalancerRoundRobin || why != ReasonRestored {
 		t.Fatalf("after a restart: %s (%s), want ROUND_ROBIN (Restored)", lb, why)
 	}
@@ -452,7 +487,7 @@ func TestRestartKeepsTheLiveBalancer(t *testing.T) {
 	// Live weights under LEAST_REQUEST: the manager before had not
 	// learned, and neither has this one yet.
 	q := New(config())
-	q.OptIn(now, fleet(), live, weights.BalancerLeastRequest, weights.Snapshot{})
+	q.OptIn(now, fleet(), live, weights.BalancerLeastRequest, "", weights.Snapshot{})
 	if lb, why := q.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonLearning {
 		t.Errorf("restart under LEAST_REQUEST: %s (%s)", lb, why)
 	}
@@ -484,7 +519,7 @@ var errFailed = failed{}
 func TestDeterministic(t *testing.T) {
 	run := func() ([]Action, []time.Time, []Decision) {
 		p := New(config())
-		p.OptIn(t0, fleet(), nil, "", weights.Snapshot{})
+		p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
 		return runUntil(t, p, t0.Add(15*time.Minute), func(at time.Time) weights.Observation {
 			if at.Sub(t0) > 8*time.Minute && at.Sub(t0) < 9*time.Minute {
 				return steady(map[string]float64{"web-1": 1})

@@ -131,7 +131,7 @@ func (o *optimizerCtl) publish(s *sim, m map[string]uint32) {
 // start is the opt-in: the mirror's first reconcile, with no ServiceEntry
 // or DestinationRule of the operator's yet.
 func (o *optimizerCtl) start(s *sim) {
-	o.publish(s, o.drv.OptIn(simTime(s.now), o.pods(s), nil, "", weights.Snapshot{}))
+	o.publish(s, o.drv.OptIn(simTime(s.now), o.pods(s), nil, "", "", weights.Snapshot{}))
 	if o.rec != nil {
 		o.rec.OptIn, o.rec.End = simTime(s.now).UnixNano(), simTime(s.end).UnixNano()
 		o.rec.Pods = o.pods(s)

@@ -45,12 +45,16 @@ type noisyFleet struct {
 	// the node CPU query is answered (the pod's CPU plus a steady half core
 	// of the node's other work); the latency query gets no data.
 	nodeCPU bool
+	// cpuOnly: the request-rate and latency queries get no data.
+	cpuOnly bool
+	// hot: a pod that reads at its limit of 2 cores ("" for none).
+	hot string
 }
 
 func (f *noisyFleet) Query(ctx context.Context, tmpl string, t promsource.Target, _ time.Time) (promsource.Result, error) {
 	requests := tmpl == promsource.DefaultRequestQuery
 	node := tmpl == promsource.DefaultNodeCPUQuery
-	if f.nodeCPU && tmpl == promsource.DefaultLatencyQuery {
+	if (f.nodeCPU || f.cpuOnly) && tmpl == promsource.DefaultLatencyQuery || f.cpuOnly && requests {
 		return promsource.Result{Values: map[string]float64{}, Query: "fake", Chunks: 1}, nil
 	}
 	se := &istionet.ServiceEntry{}
@@ -73,6 +77,8 @@ func (f *noisyFleet) Query(ctx context.Context, tmpl string, t promsource.Target
 			res.Values[pod] = rps // counted exactly by the sidecars
 		case node && f.nodeCPU:
 			res.Values[pod] = rps*work/f.speed[pod] + 0.5
+		case pod == f.hot:
+			res.Values[pod] = 2
 		default:
 			res.Values[pod] = rps * work / f.speed[pod] * (1 + 0.4*(f.rng.Float64()-0.5))
 		}
@@ -93,13 +99,24 @@ func TestRestartKeepsTheLearnedState(t *testing.T) { testRestart(t, false) }
 // LEAST_REQUEST on its first cycle.
 func TestRestartKeepsRoundRobinWithoutCPULimits(t *testing.T) { testRestart(t, true) }
 
-func testRestart(t *testing.T, noLimits bool) {
+// restartEnv is a Service of nine pods of three speeds behind an
+// optimizer on a real API server, its metrics from a noisyFleet, and
+// managers started and stopped at will.
+type restartEnv struct {
+	c     client.Client
+	ns    string
+	fleet *noisyFleet
+	// start runs a manager until the returned stop is called.
+	start func() (*metrics.Metrics, func())
+}
+
+func newRestartEnv(t *testing.T, noLimits, cpuOnly bool) *restartEnv {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
 	api, err := harness.StartAPIServer()
 	if err != nil {
 		t.Fatalf("start API server: %v", err)
 	}
-	defer api.Stop()
+	t.Cleanup(func() { _ = api.Stop() })
 	c, err := client.New(api.Config, client.Options{Scheme: harness.Scheme()})
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +125,7 @@ func testRestart(t *testing.T, noLimits bool) {
 	ns := "shop"
 	speeds := []float64{1, 1, 1, 0.6, 0.6, 0.6, 0.35, 0.35, 0.35}
 	fleet := &noisyFleet{c: c, ns: ns, se: "api-adaptive", speed: map[string]float64{}, ipPod: map[string]string{},
-		rng: rand.New(rand.NewPCG(1, 2)), nodeCPU: noLimits}
+		rng: rand.New(rand.NewPCG(1, 2)), nodeCPU: noLimits, cpuOnly: cpuOnly}
 	objs := []client.Object{Namespace(ns), Service(ns, "api", ServicePort("http", 80, intstr.FromInt32(8080)))}
 	var nodes []*corev1.Node
 	var eps []Endpoint
@@ -170,39 +187,57 @@ func testRestart(t *testing.T, noLimits bool) {
 		go func() { _ = mgr.Start(mctx); close(done) }()
 		return m, func() { cancel(); <-done }
 	}
-	cycles := func(m *metrics.Metrics) float64 {
-		total := 0.0
-		for _, mode := range []string{"Optimizing", "Steady", "LowLoad", "Holding", "Fallback", "NoData"} {
-			total += testutil.ToFloat64(m.Cycles.WithLabelValues(ns, "api", mode))
-		}
-		return total
+	return &restartEnv{c: c, ns: ns, fleet: fleet, start: startManager}
+}
+
+// cycles is the number of weight cycles m has counted.
+func (e *restartEnv) cycles(m *metrics.Metrics) float64 {
+	total := 0.0
+	for _, mode := range []string{"Optimizing", "Steady", "LowLoad", "Holding", "Fallback", "NoData"} {
+		total += testutil.ToFloat64(m.Cycles.WithLabelValues(e.ns, "api", mode))
 	}
-	waitCycles := func(m *metrics.Metrics, n float64) {
-		t.Helper()
-		start := cycles(m)
-		if err := harness.Poll(60*time.Second, 20*time.Millisecond, func() error {
-			if got := cycles(m) - start; got < n {
-				return fmt.Errorf("%v cycles", got)
-			}
-			return nil
-		}); err != nil {
-			t.Fatalf("waiting for %v cycles: %v", n, err)
+	return total
+}
+
+// waitCycles waits for n more weight cycles of m.
+func (e *restartEnv) waitCycles(t *testing.T, m *metrics.Metrics, n float64) {
+	t.Helper()
+	start := e.cycles(m)
+	if err := harness.Poll(60*time.Second, 20*time.Millisecond, func() error {
+		if got := e.cycles(m) - start; got < n {
+			return fmt.Errorf("%v cycles", got)
 		}
+		return nil
+	}); err != nil {
+		t.Fatalf("waiting for %v cycles: %v", n, err)
 	}
-	seGeneration := func() int64 {
-		se := &istionet.ServiceEntry{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "api-adaptive"}, se); err != nil {
-			t.Fatal(err)
-		}
-		return se.Generation
+}
+
+func (e *restartEnv) seGeneration(t *testing.T) int64 {
+	t.Helper()
+	se := &istionet.ServiceEntry{}
+	if err := e.c.Get(t.Context(), client.ObjectKey{Namespace: e.ns, Name: "api-adaptive"}, se); err != nil {
+		t.Fatal(err)
 	}
-	balancer := func() (string, int64) {
-		dr := &istionet.DestinationRule{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "api-adaptive"}, dr); err != nil {
-			t.Fatal(err)
-		}
-		return dr.Spec.GetTrafficPolicy().GetLoadBalancer().GetSimple().String(), dr.Generation
+	return se.Generation
+}
+
+// balancer is the DestinationRule's load balancer and generation.
+func (e *restartEnv) balancer(t *testing.T) (string, int64) {
+	t.Helper()
+	dr := &istionet.DestinationRule{}
+	if err := e.c.Get(t.Context(), client.ObjectKey{Namespace: e.ns, Name: "api-adaptive"}, dr); err != nil {
+		t.Fatal(err)
 	}
+	return dr.Spec.GetTrafficPolicy().GetLoadBalancer().GetSimple().String(), dr.Generation
+}
+
+func testRestart(t *testing.T, noLimits bool) {
+	env := newRestartEnv(t, noLimits, false)
+	c, ns, ctx, startManager := env.c, env.ns, t.Context(), env.start
+	waitCycles := func(m *metrics.Metrics, n float64) { t.Helper(); env.waitCycles(t, m, n) }
+	seGeneration := func() int64 { t.Helper(); return env.seGeneration(t) }
+	balancer := func() (string, int64) { t.Helper(); return env.balancer(t) }
 
 	// The long-running manager: learns, then holds still on noise.
 	m, stop := startManager()
@@ -245,4 +280,57 @@ func testRestart(t *testing.T, noLimits bool) {
 	waitCycles(m, 5)
 	stop()
 	t.Logf("without the persisted state, a restart wrote the ServiceEntry %d times in 5 cycles", seGeneration()-gen)
+}
+
+// TestRestartKeepsLeastRequestForAPodAtItsLimit: on CPU alone, a pod at its
+// limit after learning puts the DestinationRule on LEAST_REQUEST until
+// request rates measure the pods (policy.ReasonCPUAtLimit). A restarted
+// manager reads that reason from the status and keeps it, although no pod
+// is at its limit any more: one that learned again switched to ROUND_ROBIN
+// after a query window, and back at the next pod at its limit.
+func TestRestartKeepsLeastRequestForAPodAtItsLimit(t *testing.T) {
+	env := newRestartEnv(t, false, true)
+	reason := func() (string, string) {
+		o := getOpt(t, env.c, env.ns)
+		return o.Status.LoadBalancer, o.Status.LoadBalancerReason
+	}
+	onBalancer := func(want, why string) func() error {
+		return func() error {
+			dr := &istionet.DestinationRule{}
+			if err := env.c.Get(t.Context(), client.ObjectKey{Namespace: env.ns, Name: "api-adaptive"}, dr); err != nil {
+				return err
+			}
+			if lb := dr.Spec.GetTrafficPolicy().GetLoadBalancer().GetSimple().String(); lb != want {
+				return fmt.Errorf("DestinationRule on %s", lb)
+			}
+			if lb, r := reason(); lb != want || r != why {
+				return fmt.Errorf("status.loadBalancer %q, loadBalancerReason %q", lb, r)
+			}
+			return nil
+		}
+	}
+	m, stop := env.start()
+	harness.Eventually(t, 60*time.Second, "ROUND_ROBIN learned from CPU alone", onBalancer("ROUND_ROBIN", "Learned"))
+	env.fleet.mu.Lock()
+	env.fleet.hot = "api-a"
+	env.fleet.mu.Unlock()
+	harness.Eventually(t, 30*time.Second, "LEAST_REQUEST for a pod at its limit", onBalancer("LEAST_REQUEST", "CPUAtLimit"))
+	env.fleet.mu.Lock()
+	env.fleet.hot = ""
+	env.fleet.mu.Unlock()
+	env.waitCycles(t, m, 5)
+	stop()
+	_, drGen := env.balancer(t)
+
+	// A query window is 1 s, a cycle 0.3 s: 10 cycles are three windows
+	// of results Learned on CPU alone with no pod at its limit.
+	m, stop = env.start()
+	env.waitCycles(t, m, 10)
+	stop()
+	if lb, g := env.balancer(t); lb != "LEAST_REQUEST" || g != drGen {
+		t.Errorf("the restarted manager wrote the DestinationRule %d times in 10 cycles, now %s; want none, LEAST_REQUEST", g-drGen, lb)
+	}
+	if lb, r := reason(); lb != "LEAST_REQUEST" || r != "CPUAtLimit" {
+		t.Errorf("after the restart: status.loadBalancer %q, loadBalancerReason %q; want LEAST_REQUEST, CPUAtLimit", lb, r)
+	}
 }

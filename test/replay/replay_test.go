@@ -103,7 +103,7 @@ func replayBench(t *testing.T, tr *driver.Trace) []step {
 	}
 	d := driver.New(cfg)
 	optIn, end := time.Unix(0, tr.OptIn), time.Unix(0, tr.End)
-	d.OptIn(optIn, tr.Pods, nil, "", weights.Snapshot{})
+	d.OptIn(optIn, tr.Pods, nil, "", "", weights.Snapshot{})
 	var out []step
 	now := optIn
 	for {
@@ -238,7 +238,7 @@ func replayControllers(t *testing.T, tr *driver.Trace) []step {
 		}
 	}
 	loop.Ensure(opt, s)
-	book.Restore(key, s.Params, weights.Snapshot{}, "")
+	book.Restore(key, s.Params, weights.Snapshot{}, "", "")
 	reconcile(false)
 	loop.Poke(key)
 

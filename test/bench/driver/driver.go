@@ -58,10 +58,11 @@ func New(cfg policy.Config) *Driver {
 
 // OptIn is the mirror's first reconcile at now: the policy is seeded (live:
 // the weights a ServiceEntry already carries, nil at a first opt-in;
-// liveBalancer: the DestinationRule's, "" when none) and the weights it
+// liveBalancer: the DestinationRule's, "" when none; liveWhy: the reason
+// the manager before gave for it, "" when unknown) and the weights it
 // returns are written. It returns them.
-func (d *Driver) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32, liveBalancer weights.Balancer, snap weights.Snapshot) map[string]uint32 {
-	d.P.OptIn(now, pods, live, liveBalancer, snap)
+func (d *Driver) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32, liveBalancer weights.Balancer, liveWhy policy.Reason, snap weights.Snapshot) map[string]uint32 {
+	d.P.OptIn(now, pods, live, liveBalancer, liveWhy, snap)
 	d.live = maps.Clone(live)
 	return d.reconcile(now, pods)
 }
