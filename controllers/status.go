@@ -72,7 +72,7 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 	if prevDegraded != nil {
 		prevDegradedMsg = prevDegraded.Message
 	}
-	prevShape := [3]any{st.Host, st.Endpoints, st.OwnedObjects}
+	prevShape := [5]any{st.Host, st.Endpoints, st.OwnedObjects, st.LoadBalancer, st.LoadBalancerReason}
 	s.applyOptimization(opt)
 	st.ObservedGeneration = s.generation
 	if s.host != "" {
@@ -89,9 +89,10 @@ func (s *status) apply(opt *optv1.IstioAdaptiveRequestOptimizer, now time.Time) 
 	}
 	st.Endpoints = s.endpoints
 	// The shape is what Ready's message says besides the cycle's figures:
-	// the objects, the endpoints and why the load balancer is not the one
-	// asked for (the policy switches it in cycles that move no weight).
-	unchangedShape := prevShape == [3]any{st.Host, st.Endpoints, st.OwnedObjects} && balancerNoteOf(prevReadyMsg) == s.balancerNote
+	// the objects, the endpoints and the load balancer with the policy's
+	// reason for it, which the note on a balancer other than the one asked
+	// for follows (the policy switches it in cycles that move no weight).
+	unchangedShape := prevShape == [5]any{st.Host, st.Endpoints, st.OwnedObjects, st.LoadBalancer, st.LoadBalancerReason}
 	set := func(t string, status metav1.ConditionStatus, reason, msg string) {
 		if s.quiet {
 			// Keep a message that differs only in this cycle's figures.
@@ -204,15 +205,6 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	if msg := coresUnknownReason(out.Signals, out.Result.Unlearned); msg != "" {
 		s.degraded("CoresUnknown", msg)
 	}
-}
-
-// balancerNoteOf is the load balancer's note at the end of a Ready message
-// (see status.balancer), "" for none.
-func balancerNoteOf(readyMsg string) string {
-	if i := strings.LastIndex(readyMsg, "; load balancer "); i >= 0 {
-		return readyMsg[i+len("; "):]
-	}
-	return ""
 }
 
 // statusRefreshInterval is how long a weight cycle that changed nothing
