@@ -246,8 +246,8 @@ func TestLoadBalancerFollowsLearned(t *testing.T) {
 		if err != nil || p != networking.LoadBalancerSettings_ROUND_ROBIN {
 			return fmt.Errorf("policy %v (%v)", p, err)
 		}
-		if o := env.optimizer(t, ns, "web"); o.Status.LoadBalancer != "ROUND_ROBIN" || o.Status.LoadBalancerReason != "Learned" {
-			return fmt.Errorf("status.loadBalancer %q (%q)", o.Status.LoadBalancer, o.Status.LoadBalancerReason)
+		if o := env.optimizer(t, ns, "web"); o.Status.LoadBalancer != "ROUND_ROBIN" || o.Status.LoadBalancerReason != "Learned" || (o.Status.WeightsMode != "Optimizing" && o.Status.WeightsMode != "Steady") {
+			return fmt.Errorf("status.loadBalancer %q (%q), weightsMode %q", o.Status.LoadBalancer, o.Status.LoadBalancerReason, o.Status.WeightsMode)
 		}
 		return nil
 	})

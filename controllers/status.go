@@ -174,6 +174,7 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	st := &opt.Status
 	if !s.weightsEnabled {
 		s.note = "weights are not optimized: the manager has no --prometheus-url"
+		st.WeightsMode, st.WeightsDryRun = "", false
 		return
 	}
 	out := s.outcome
@@ -188,6 +189,7 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 	s.quiet = quietCycle(st, out, s.refreshPhase)
 	if !s.quiet {
 		st.LastOptimizationTime = statusTime(out.Time)
+		st.WeightsMode, st.WeightsDryRun = string(out.Result.Mode), out.DryRun
 		st.WeightSpread = strconv.FormatFloat(spread(out.Result.Weights), 'f', 2, 64)
 		st.Weights, st.WeightsTotal = statusWeights(out, s.endpointsByPod)
 	}
@@ -246,14 +248,12 @@ func quietCycle(st *optv1.IstioAdaptiveRequestOptimizerStatus, out *Outcome, pha
 	if prev == nil || out.Result.Changed || out.Time.Before(prev.Time) || refreshDue(prev.Time, out.Time, phase) {
 		return false
 	}
-	ready := meta.FindStatusCondition(st.Conditions, optv1.ConditionReady)
-	if ready == nil {
+	if meta.FindStatusCondition(st.Conditions, optv1.ConditionReady) == nil {
 		return false
 	}
-	// The mode and dry run are the words of the note Ready's message carries.
-	sameMode := strings.Contains(ready.Message, "weights "+strings.ToLower(string(out.Result.Mode))+":")
-	sameDryRun := strings.Contains(ready.Message, "dry run, weights computed") == out.DryRun
-	return sameMode && sameDryRun
+	// The mode and dry run are the words of the note Ready's message
+	// carries, recorded beside it.
+	return st.WeightsMode == string(out.Result.Mode) && st.WeightsDryRun == out.DryRun
 }
 
 // weightReasons are the Degraded reasons of the weight engine, whose

@@ -111,8 +111,8 @@ func TestStatusRefreshSpread(t *testing.T) {
 		written := 0
 		for i := range n {
 			st := &optv1.IstioAdaptiveRequestOptimizerStatus{
-				LastOptimizationTime: &metav1.Time{Time: prev[i]},
-				Conditions:           []metav1.Condition{{Type: optv1.ConditionReady, Message: "weights steady: nothing to do"}},
+				LastOptimizationTime: &metav1.Time{Time: prev[i]}, WeightsMode: string(weights.ModeSteady),
+				Conditions: []metav1.Condition{{Type: optv1.ConditionReady, Message: "weights steady: nothing to do"}},
 			}
 			out := &Outcome{Time: now, Result: weights.Result{Mode: weights.ModeSteady}}
 			if !quietCycle(st, out, statusRefreshPhase("team", fmt.Sprintf("svc-%d", i))) {
@@ -273,6 +273,35 @@ func TestLoadBalancerReasonIsRecordedAndReadBack(t *testing.T) {
 	}{{lr, policy.ReasonCPUAtLimit}, {rr, ""}, {nil, ""}} {
 		if got := liveBalancerReason(opt, c.live); got != c.want {
 			t.Errorf("status LEAST_REQUEST (CPUAtLimit), live %s: read back %q, want %q", liveBalancer(c.live), got, c.want)
+		}
+	}
+}
+
+// A cycle that changed no weight is quiet only when the engine's mode and
+// dry run are those the status records (and Ready's note says): a change
+// of either is written at once.
+func TestQuietCycleNeedsTheRecordedModeAndDryRun(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	phase := statusRefreshPhase("shop", "web")
+	for _, c := range []struct {
+		mode   weights.Mode
+		dryRun bool
+		quiet  bool
+	}{
+		{weights.ModeSteady, false, true},
+		{weights.ModeLowLoad, false, false},
+		{weights.ModeSteady, true, false},
+	} {
+		st := &optv1.IstioAdaptiveRequestOptimizerStatus{
+			LastOptimizationTime: &metav1.Time{Time: t0}, WeightsMode: string(weights.ModeSteady),
+			Conditions: []metav1.Condition{{Type: optv1.ConditionReady, Message: "weights steady: nothing to do"}},
+		}
+		out := &Outcome{Time: t0.Add(time.Second), DryRun: c.dryRun, Result: weights.Result{Mode: c.mode}}
+		if refreshDue(t0, out.Time, phase) {
+			t.Fatal("the test needs a cycle with no refresh due")
+		}
+		if got := quietCycle(st, out, phase); got != c.quiet {
+			t.Errorf("recorded Steady, cycle %s (dry run %v): quiet %v, want %v", c.mode, c.dryRun, got, c.quiet)
 		}
 	}
 }

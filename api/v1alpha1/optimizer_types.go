@@ -377,6 +377,19 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 	// +optional
 	LastOptimizationTime *metav1.Time `json:"lastOptimizationTime,omitempty"`
 
+	// weightsMode is the weight engine's mode at the cycle
+	// lastOptimizationTime names: Optimizing, Steady, LowLoad, Holding,
+	// Fallback or NoData (README, "Metrics"); empty when the weights are
+	// not optimized.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	WeightsMode string `json:"weightsMode,omitempty"`
+
+	// weightsDryRun: that cycle's weights were computed but not applied
+	// (dry_run).
+	// +optional
+	WeightsDryRun bool `json:"weightsDryRun,omitempty"`
+
 	// weightSpread is max weight / min weight, as a decimal string.
 	// +optional
 	WeightSpread string `json:"weightSpread,omitempty"`
