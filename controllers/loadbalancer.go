@@ -58,12 +58,12 @@ func liveBalancerReason(opt *optv1.IstioAdaptiveRequestOptimizer, live *istionet
 }
 
 // balancer records the policy written into the DestinationRule, the
-// optimizer's policy's reason for it (why; seeded false: the policy has not
-// chosen yet, and the reason recorded last stays) and, when it is not the
+// optimizer's policy's reason for it (why: "" while the policy has not
+// chosen yet, when the reason recorded last stays) and, when it is not the
 // one asked for, a note saying why.
-func (s *status) balancer(requested optv1.LoadBalancer, written networking.LoadBalancerSettings_SimpleLB, useEngine bool, why policy.Reason, seeded bool) {
+func (s *status) balancer(requested optv1.LoadBalancer, written networking.LoadBalancerSettings_SimpleLB, useEngine bool, why policy.Reason) {
 	s.loadBalancer = written.String()
-	s.balancerWhy, s.balancerWhyKnown = why, seeded
+	s.balancerWhy, s.balancerWhyKnown = why, why != ""
 	if !useEngine {
 		s.balancerWhy, s.balancerWhyKnown = "", true
 	}

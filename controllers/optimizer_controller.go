@@ -208,8 +208,8 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	}
 	res := desired.Compute(in)
 	st.host = res.Host
-	_, why, seeded := r.Weights.Balancer(req.NamespacedName)
-	st.balancer(opt.Balancer(), res.LoadBalancer, useEngine, why, seeded)
+	_, why, _ := r.Weights.Balancer(req.NamespacedName)
+	st.balancer(opt.Balancer(), res.LoadBalancer, useEngine, why)
 	st.endpointsByPod = make(map[string]desired.Endpoint, len(res.Endpoints))
 	for _, ep := range res.Endpoints {
 		st.endpointsByPod[ep.Pod] = ep

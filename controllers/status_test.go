@@ -191,13 +191,13 @@ func TestBalancerNoteNamesThePolicysReason(t *testing.T) {
 	} {
 		opt := &optv1.IstioAdaptiveRequestOptimizer{}
 		st := newStatus(opt)
-		st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_LEAST_REQUEST, true, c.why, true)
+		st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_LEAST_REQUEST, true, c.why)
 		if !strings.Contains(st.balancerNote, c.want) || !strings.HasSuffix(st.balancerNote, "then ROUND_ROBIN") {
 			t.Errorf("%s: note %q, want it to say %q and what follows", c.why, st.balancerNote, c.want)
 		}
 	}
 	st := newStatus(&optv1.IstioAdaptiveRequestOptimizer{})
-	st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_ROUND_ROBIN, true, policy.ReasonLearned, true)
+	st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_ROUND_ROBIN, true, policy.ReasonLearned)
 	if st.balancerNote != "" {
 		t.Errorf("the balancer asked for is live, yet the note says %q", st.balancerNote)
 	}
@@ -219,7 +219,7 @@ func TestQuietCycleStillSaysWhyTheBalancerChanged(t *testing.T) {
 		st.host, st.endpoints = "web.shop.adaptive", 2
 		st.owned = optv1.OwnedObjects{Namespace: "shop", ServiceEntry: "web-adaptive", DestinationRule: "web-adaptive"}
 		st.optimization(out, true)
-		st.balancer(optv1.LoadBalancerRoundRobin, lb, true, why, true)
+		st.balancer(optv1.LoadBalancerRoundRobin, lb, true, why)
 		st.apply(opt, out.Time)
 		return meta.FindStatusCondition(opt.Status.Conditions, optv1.ConditionReady).Message
 	}
@@ -251,16 +251,16 @@ func TestLoadBalancerReasonIsRecordedAndReadBack(t *testing.T) {
 	rr := lr.DeepCopy()
 	rr.Spec.TrafficPolicy.LoadBalancer.LbPolicy = &networking.LoadBalancerSettings_Simple{Simple: networking.LoadBalancerSettings_ROUND_ROBIN}
 	for i, c := range []struct {
-		useEngine, seeded bool
-		why               policy.Reason
-		want              string
+		useEngine bool
+		why       policy.Reason // "": the policy is not seeded
+		want      string
 	}{
-		{true, true, policy.ReasonCPUAtLimit, "CPUAtLimit"},
-		{true, false, "", "CPUAtLimit"},
-		{false, false, "", ""},
+		{true, policy.ReasonCPUAtLimit, "CPUAtLimit"},
+		{true, "", "CPUAtLimit"},
+		{false, "", ""},
 	} {
 		st := newStatus(opt)
-		st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_LEAST_REQUEST, c.useEngine, c.why, c.seeded)
+		st.balancer(optv1.LoadBalancerRoundRobin, networking.LoadBalancerSettings_LEAST_REQUEST, c.useEngine, c.why)
 		st.apply(opt, time.Unix(0, 0))
 		if opt.Status.LoadBalancer != "LEAST_REQUEST" || opt.Status.LoadBalancerReason != c.want {
 			t.Fatalf("step %d: loadBalancer %q, loadBalancerReason %q; want LEAST_REQUEST, %q", i, opt.Status.LoadBalancer, opt.Status.LoadBalancerReason, c.want)

@@ -234,20 +234,17 @@ func (e *restartEnv) balancer(t *testing.T) (string, int64) {
 
 func testRestart(t *testing.T, noLimits bool) {
 	env := newRestartEnv(t, noLimits, false)
-	c, ns, ctx, startManager := env.c, env.ns, t.Context(), env.start
-	waitCycles := func(m *metrics.Metrics, n float64) { t.Helper(); env.waitCycles(t, m, n) }
-	seGeneration := func() int64 { t.Helper(); return env.seGeneration(t) }
-	balancer := func() (string, int64) { t.Helper(); return env.balancer(t) }
+	c, ns, ctx := env.c, env.ns, t.Context()
 
 	// The long-running manager: learns, then holds still on noise.
-	m, stop := startManager()
-	waitCycles(m, 60)
-	gen := seGeneration()
-	waitCycles(m, 10)
-	if g := seGeneration(); g != gen {
+	m, stop := env.start()
+	env.waitCycles(t, m, 60)
+	gen := env.seGeneration(t)
+	env.waitCycles(t, m, 10)
+	if g := env.seGeneration(t); g != gen {
 		t.Fatalf("the long-running manager wrote the ServiceEntry %d times in 10 steady cycles; the test needs a steady state", g-gen)
 	}
-	lb, drGen := balancer()
+	lb, drGen := env.balancer(t)
 	stop()
 	if noLimits && lb != "ROUND_ROBIN" {
 		t.Fatalf("the long-running manager's DestinationRule is on %s; the test needs ROUND_ROBIN", lb)
@@ -259,13 +256,13 @@ func testRestart(t *testing.T, noLimits bool) {
 	t.Logf("persisted: %s", opt.Annotations[controllers.AnnotationLearnedState])
 
 	// A restart: new manager, new book, new engine.
-	m, stop = startManager()
-	waitCycles(m, 5)
+	m, stop = env.start()
+	env.waitCycles(t, m, 5)
 	stop()
-	if g := seGeneration(); g != gen {
+	if g := env.seGeneration(t); g != gen {
 		t.Errorf("the restarted manager wrote the ServiceEntry %d times in its first 5 cycles, want 0", g-gen)
 	}
-	if lb2, g := balancer(); lb2 != lb || g != drGen {
+	if lb2, g := env.balancer(t); lb2 != lb || g != drGen {
 		t.Errorf("the restarted manager wrote the DestinationRule %d times in its first 5 cycles (%s, then %s), want 0", g-drGen, lb, lb2)
 	}
 
@@ -275,11 +272,11 @@ func testRestart(t *testing.T, noLimits bool) {
 	if err := c.Update(ctx, opt); err != nil {
 		t.Fatal(err)
 	}
-	gen = seGeneration()
-	m, stop = startManager()
-	waitCycles(m, 5)
+	gen = env.seGeneration(t)
+	m, stop = env.start()
+	env.waitCycles(t, m, 5)
 	stop()
-	t.Logf("without the persisted state, a restart wrote the ServiceEntry %d times in 5 cycles", seGeneration()-gen)
+	t.Logf("without the persisted state, a restart wrote the ServiceEntry %d times in 5 cycles", env.seGeneration(t)-gen)
 }
 
 // TestRestartKeepsLeastRequestForAPodAtItsLimit: on CPU alone, a pod at its
