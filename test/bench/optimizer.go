@@ -30,6 +30,16 @@ type optimizerCtl struct {
 	rec *driver.Trace
 	// idle: the policy has nothing due until the pod set changes.
 	idle bool
+	// wakeAt is the instant of the one evPolicy event this controller
+	// expects (NaN once taken); a manager's stop leaves an earlier one
+	// pending, which wake then ignores.
+	wakeAt float64
+	// down: no manager runs until upAt (EventRestart).
+	down bool
+	upAt float64
+	// seenAt is when the manager running now first met the pods: those
+	// present then count as long-ready, as the mirror counts them.
+	seenAt float64
 }
 
 // recordTrace, when set (--record-trace), is where the "optimizer"
@@ -93,7 +103,7 @@ func (o *optimizerCtl) pods(s *sim) []weights.Pod {
 		if p.noLimit {
 			wp.Cores = 0 // what CPULimit returns for a container without a limit
 		}
-		if !p.initial {
+		if !p.initial && p.addedAt > o.seenAt {
 			wp.ReadySince = simTime(p.addedAt)
 		}
 		out = append(out, wp)
@@ -131,6 +141,7 @@ func (o *optimizerCtl) publish(s *sim, m map[string]uint32) {
 // start is the opt-in: the mirror's first reconcile, with no ServiceEntry
 // or DestinationRule of the operator's yet.
 func (o *optimizerCtl) start(s *sim) {
+	o.seenAt = s.now
 	o.publish(s, o.drv.OptIn(simTime(s.now), o.pods(s), nil, "", "", weights.Snapshot{}))
 	if o.rec != nil {
 		o.rec.OptIn, o.rec.End = simTime(s.now).UnixNano(), simTime(s.end).UnixNano()
@@ -144,13 +155,49 @@ func (o *optimizerCtl) next(s *sim) float64 {
 	act, at := o.drv.Next(simTime(s.now))
 	o.idle = act == policy.Wait
 	if o.idle {
+		o.wakeAt = math.NaN()
 		return math.Inf(1)
 	}
-	return max(simSeconds(at), s.now)
+	o.wakeAt = max(simSeconds(at), s.now)
+	return o.wakeAt
+}
+
+// stop is the manager's end (EventRestart): nothing runs and nothing is
+// written until a new manager takes over after downtime (wake).
+func (o *optimizerCtl) stop(s *sim, downtime float64) {
+	if o.rec != nil {
+		s.note("record trace: not recorded, the run restarts the manager")
+		o.rec = nil
+	}
+	o.down, o.upAt = true, s.now+downtime
+	o.wakeAt = o.upAt
+	if o.upAt <= s.end {
+		s.push(event{t: o.upAt, kind: evPolicy})
+	}
+}
+
+// takeOver is a new manager's start: its policy is seeded from the live
+// weights, the persisted learned state and the live DestinationRule
+// (driver.Restart), and the pods present count as long-ready.
+func (o *optimizerCtl) takeOver(s *sim) {
+	o.down, o.seenAt = false, s.now
+	s.restarts = append(s.restarts, restartMark{cycle: s.cycleIdx, writes: len(s.writeCycles), switches: len(s.switchCycles)})
+	cfg := o.cfg
+	cfg.Jitter = policy.NewJitter(policy.JitterSeed(o.name))
+	o.publish(s, o.drv.Restart(simTime(s.now), cfg, o.pods(s)))
 }
 
 // wake runs the policy's action due now and returns when the next is due.
 func (o *optimizerCtl) wake(s *sim) float64 {
+	if s.now != o.wakeAt {
+		// An event of a stopped manager's.
+		return math.Inf(1)
+	}
+	o.wakeAt = math.NaN()
+	if o.down {
+		o.takeOver(s)
+		return o.next(s)
+	}
 	now := simTime(s.now)
 	act, at := o.drv.Next(now)
 	if act == policy.Wait || at.Sub(now) > time.Microsecond {
@@ -214,6 +261,9 @@ func (o *optimizerCtl) cycle(s *sim) {
 }
 
 func (o *optimizerCtl) podsChanged(s *sim) {
+	if o.down {
+		return // no mirror runs; the next manager meets the pods
+	}
 	o.publish(s, o.drv.PodsChanged(simTime(s.now), o.pods(s)))
 	if o.idle {
 		// The policy waited for pods: ask it again.

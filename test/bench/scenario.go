@@ -115,6 +115,11 @@ const (
 	EventAddPods    = "add_pods"
 	EventRemovePods = "remove_pods"
 	EventSetLoad    = "set_load"
+	// EventRestart: the operator's manager stops (a crash, a rollout, a
+	// leader's failover) and a new one takes over after Downtime, seeded
+	// from what the cluster holds, as controllers/ seeds it. The other
+	// strategies are not touched.
+	EventRestart = "restart_operator"
 )
 
 // Event is a change during the run.
@@ -131,6 +136,9 @@ type Event struct {
 	// set_load: the new offered load, as a fraction of the initial
 	// capacity (like Scenario.Load).
 	Load float64 `json:"load,omitempty"`
+	// restart_operator: how long no manager runs (default 0: the new one
+	// takes over at once; a failover takes the lease's duration, 15 s).
+	Downtime Duration `json:"downtime,omitempty"`
 }
 
 // PromConfig is the simulated Prometheus.
@@ -370,8 +378,12 @@ func (sc *Scenario) defaultAndValidate() error {
 			if !positive(ev.Load) {
 				bad("%s: load must be positive", where)
 			}
+		case EventRestart:
+			if ev.Downtime.Duration < 0 {
+				bad("%s: downtime must not be negative", where)
+			}
 		default:
-			bad("%s: type %q: want %s, %s, %s or %s", where, ev.Type, EventSetSpeed, EventAddPods, EventRemovePods, EventSetLoad)
+			bad("%s: type %q: want %s, %s, %s, %s or %s", where, ev.Type, EventSetSpeed, EventAddPods, EventRemovePods, EventSetLoad, EventRestart)
 		}
 	}
 	for _, s := range sc.Strategies {

@@ -245,6 +245,13 @@ type scheduler interface {
 	wake(s *sim) float64
 }
 
+// restarter is a controller that runs as the operator's manager, which can
+// stop and be replaced (EventRestart).
+type restarter interface {
+	// stop stops the manager now; a new one takes over after downtime.
+	stop(s *sim, downtime float64)
+}
+
 type sim struct {
 	sc  *Scenario
 	def strategyDef
@@ -293,9 +300,11 @@ type sim struct {
 	maxQueue     int
 	publications int
 	switches     int // load-balancer changes (DestinationRule writes)
-	alarms       int // cycles an alarm ran between the regular ones
-	cycleIdx     int
-	snaps        []shareSnap // weight shares after each cycle
+	// restarts: where each new manager took over (EventRestart).
+	restarts []restartMark
+	alarms   int // cycles an alarm ran between the regular ones
+	cycleIdx int
+	snaps    []shareSnap // weight shares after each cycle
 	// writeCycles and switchCycles: the regular cycle (index) of each weight
 	// change sent to the clients and of each load-balancer change.
 	writeCycles, switchCycles []int
@@ -821,6 +830,11 @@ func perClientRate(sc *Scenario, load float64) float64 {
 
 func (s *sim) applyEvent(ev *Event) {
 	switch ev.Type {
+	case EventRestart:
+		if r, ok := s.ctl.(restarter); ok {
+			r.stop(s, ev.Downtime.Seconds())
+		}
+		return
 	case EventSetLoad:
 		// From each client's next arrival on (the one already drawn keeps
 		// the old rate).
@@ -1161,6 +1175,34 @@ func (s *sim) lateChanges(settled int) (writes, switches int) {
 	return writes, switches
 }
 
+// restartMark is where a new manager took over: the regular cycle it took
+// over in, and how many weight and balancer changes came before it.
+type restartMark struct{ cycle, writes, switches int }
+
+// restartWindow is the number of regular cycles after a restart over which
+// its writes are counted: the new manager must keep what the one before it
+// learned, and five cycles is what the restart tests of controllers/ hold
+// it to.
+const restartWindow = 5
+
+// afterRestarts counts the weight and balancer changes from each new
+// manager's takeover through its restartWindow-th regular cycle.
+func (s *sim) afterRestarts() (writes, switches int) {
+	for _, m := range s.restarts {
+		for _, c := range s.writeCycles[m.writes:] {
+			if c <= m.cycle+restartWindow {
+				writes++
+			}
+		}
+		for _, c := range s.switchCycles[m.switches:] {
+			if c <= m.cycle+restartWindow {
+				switches++
+			}
+		}
+	}
+	return writes, switches
+}
+
 // settleCycles: shares must hold for this many cycles before the run's end
 // to count as settled (one is no evidence; two show a repeat).
 const settleCycles = 2
@@ -1189,9 +1231,17 @@ type StrategyResult struct {
 	// SwitchesAfterSettled the balancer changes after it and after the
 	// change that ended the opt-in's learning spell (a calm control plane
 	// makes none).
-	Writes               int      `json:"writes"`
-	WritesAfterSettled   int      `json:"writes_after_settled"`
-	SwitchesAfterSettled int      `json:"switches_after_settled"`
+	Writes               int `json:"writes"`
+	WritesAfterSettled   int `json:"writes_after_settled"`
+	SwitchesAfterSettled int `json:"switches_after_settled"`
+	// Restarts: how many times a new manager took over (EventRestart);
+	// WritesAfterRestart and SwitchesAfterRestart count the weight and
+	// balancer changes from each takeover through its fifth regular
+	// cycle (restartWindow; a restart that keeps what was learned makes
+	// none).
+	Restarts             int      `json:"restarts,omitempty"`
+	WritesAfterRestart   int      `json:"writes_after_restart,omitempty"`
+	SwitchesAfterRestart int      `json:"switches_after_restart,omitempty"`
 	MinMeanUtil          float64  `json:"min_mean_util"`
 	MeanMs               float64  `json:"mean_ms"`
 	MaxQueue             int      `json:"max_queue"`
@@ -1233,6 +1283,8 @@ func (s *sim) result(elapsed time.Duration) StrategyResult {
 	if r.SettledCycle >= 0 {
 		r.WritesAfterSettled, r.SwitchesAfterSettled = s.lateChanges(r.SettledCycle)
 	}
+	r.Restarts = len(s.restarts)
+	r.WritesAfterRestart, r.SwitchesAfterRestart = s.afterRestarts()
 	if len(s.modes) > 0 {
 		r.Modes = s.modes
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/test/edf"
@@ -668,5 +669,35 @@ func TestHeaderStatesEveryLoad(t *testing.T) {
 	}}
 	if got, want := loadText(sc), "0.85, 0.90 from 10m0s"; got != want {
 		t.Errorf("header load %q, want %q", got, want)
+	}
+}
+
+// A manager restart (a crash, a rollout, a leader's failover) on a steady
+// Service: the new manager is seeded from what the cluster holds, as
+// controllers/ seeds it (driver.Restart), and writes neither the weights
+// nor the DestinationRule in its first restartWindow cycles, with request
+// rates and on CPU alone, over several seeds; and it goes on cycling.
+func TestRestartOnASteadyServiceWritesNothing(t *testing.T) {
+	base, err := LoadScenario("scenarios/hetero3-80.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seed := uint64(1); seed <= 6; seed++ {
+		sc := *base
+		sc.Seed = seed
+		sc.Events = []Event{{At: Duration{10 * time.Minute}, Type: EventRestart, Downtime: Duration{15 * time.Second}}}
+		for _, name := range []string{"optimizer", "optimizer_cpu"} {
+			s, r := runSim(t, &sc, name)
+			if r.Restarts != 1 {
+				t.Fatalf("seed %d, %s: %d restarts, want 1", seed, name, r.Restarts)
+			}
+			if r.WritesAfterRestart != 0 || r.SwitchesAfterRestart != 0 {
+				t.Errorf("seed %d, %s: the new manager made %d weight writes and %d balancer switches in its first %d cycles, want none",
+					seed, name, r.WritesAfterRestart, r.SwitchesAfterRestart, restartWindow)
+			}
+			if took := s.restarts[0].cycle; s.cycleIdx < took+2*restartWindow {
+				t.Errorf("seed %d, %s: %d regular cycles after the restart in cycle %d; the new manager stopped cycling", seed, name, s.cycleIdx-took, took)
+			}
+		}
 	}
 }

@@ -47,6 +47,12 @@ type Driver struct {
 	P    *policy.Policy
 	pods []weights.Pod
 	live map[string]uint32
+	// persisted is the learned state on the optimizer (the
+	// learned-state annotation), written as the mirror writes it.
+	persisted weights.Snapshot
+	// switchesBefore counts the load-balancer changes of the policies
+	// that ran before the last Restart.
+	switchesBefore int
 	// Writes counts ServiceEntry weight writes.
 	Writes int
 }
@@ -54,6 +60,26 @@ type Driver struct {
 // New returns a driver for cfg, before its opt-in.
 func New(cfg policy.Config) *Driver {
 	return &Driver{P: policy.New(cfg)}
+}
+
+// Restart is a new manager taking over at now, as after a crash or a
+// leader's failover: a new policy with cfg (a new manager draws its jitter
+// afresh), seeded from what the cluster holds (the live weights, the
+// learned state persisted on the optimizer, the DestinationRule's load
+// balancer and the reason recorded in the optimizer's status for it). It
+// returns the weights written, nil when none.
+func (d *Driver) Restart(now time.Time, cfg policy.Config, pods []weights.Pod) map[string]uint32 {
+	lb, why := d.P.Balancer()
+	d.switchesBefore += d.P.Switches()
+	d.P = policy.New(cfg)
+	restore := d.persisted
+	// The new mirror's book holds no snapshot as persisted (so it writes
+	// the next) unless it was seeded with the live weights and this one.
+	d.persisted = weights.Snapshot{}
+	if d.P.OptIn(now, pods, d.live, lb, why, restore) && restore.Valid() && len(d.live) > 0 {
+		d.persisted = restore
+	}
+	return d.reconcile(now, pods)
 }
 
 // OptIn is the mirror's first reconcile at now: the policy is seeded (live:
@@ -84,6 +110,11 @@ func (d *Driver) reconcile(now time.Time, pods []weights.Pod) map[string]uint32 
 		d.Writes++
 	}
 	d.P.Applied(now, d.live)
+	// The mirror persists the learned state after each reconcile when it
+	// has moved enough to be worth a write.
+	if snap := d.P.Snapshot(); snap.Valid() && !snap.Similar(d.persisted) {
+		d.persisted = snap
+	}
 	return written
 }
 
@@ -125,4 +156,4 @@ func usable(in map[string]weights.Signal) map[string]weights.Signal {
 func (d *Driver) Live() map[string]uint32 { return d.live }
 
 // Switches counts the load-balancer changes (DestinationRule writes).
-func (d *Driver) Switches() int { return d.P.Switches() }
+func (d *Driver) Switches() int { return d.switchesBefore + d.P.Switches() }
