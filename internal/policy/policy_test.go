@@ -462,6 +462,40 @@ func TestRestartKeepsCPUAtLimitWithoutAPodAtItsLimit(t *testing.T) {
 	}
 }
 
+// Live weights under LEAST_REQUEST that the manager before wrote while it
+// was still Learning, or that it had fallen back to (equal), are not its
+// verdict: a restart's first cycle reads the capacities from the readings,
+// though a snapshot was persisted. Weights it had learned are kept at the
+// first cycle (the readings calibrate the estimates to them).
+func TestRestartTakesOnlyLearnedWeightsAsSettled(t *testing.T) {
+	old, now := learned(t, config())
+	live := map[string]uint32{"web-0": 300, "web-1": 100, "web-2": 100, "web-3": 100}
+	for _, c := range []struct {
+		lb      weights.Balancer
+		why     Reason
+		settled bool
+	}{
+		{weights.BalancerLeastRequest, ReasonLearning, false},
+		{weights.BalancerLeastRequest, ReasonFallback, false},
+		{weights.BalancerLeastRequest, ReasonAlarm, true},
+		{weights.BalancerLeastRequest, "", true},
+		{weights.BalancerRoundRobin, ReasonLearned, true},
+	} {
+		p := New(config())
+		p.OptIn(now, fleet(), live, c.lb, c.why, old.Snapshot())
+		// The readings say the four pods are alike.
+		d := p.Cycle(now, steady(nil), fleet())
+		w := p.Weights(now, fleet())
+		ratio := float64(w["web-0"]) / float64(w["web-1"])
+		if c.settled && (d.Result.Changed || ratio != 3) {
+			t.Errorf("restart under %s (%q): the first cycle moved the learned weights (web-0 at %.2fx web-1's, was 3x)", c.lb, c.why, ratio)
+		}
+		if !c.settled && ratio > 1.1 {
+			t.Errorf("restart under %s (%q): after the first cycle web-0 has %.2fx web-1's weight; the readings show them alike", c.lb, c.why, ratio)
+		}
+	}
+}
+
 // After a restart with live weights under ROUND_ROBIN, the balancer is kept
 // and the first cycle still runs at once.
 func TestRestartKeepsTheLiveBalancer(t *testing.T) {
