@@ -61,7 +61,7 @@ type docsData struct {
 	Seeds, Command, Elapsed                string
 	NSeeds                                 int
 	Summary, Scenarios, Guard, Sensitivity string
-	Strategies                             string
+	Strategies, Restarts                   string
 }
 
 // writeDocs runs every scenario of dir with the documentation's strategies
@@ -98,6 +98,9 @@ func writeDocs(dir string, seeds []uint64, parallel int, out, readme, baseline, 
 		return s
 	}, seeds, parallel)
 	if err != nil {
+		return err
+	}
+	if m.Restarted, err = runVariants(dir, files, restartVariant, seeds, parallel); err != nil {
 		return err
 	}
 	if cache != "" {
@@ -142,6 +145,10 @@ func renderDocs(m *Matrix, files []string, start time.Time, out, readme, baselin
 	if b, err := os.ReadFile(sensitivity); err == nil {
 		sens = strings.TrimSpace(string(b))
 	}
+	restarts, err := restartTable(m)
+	if err != nil {
+		return err
+	}
 	var strat strings.Builder
 	fmt.Fprintln(&strat, "| name | what it is |")
 	fmt.Fprintln(&strat, "|---|---|")
@@ -157,6 +164,7 @@ func renderDocs(m *Matrix, files []string, start time.Time, out, readme, baselin
 		Guard:       strings.TrimSpace(guard.String()),
 		Sensitivity: sens,
 		Strategies:  strings.TrimSpace(strat.String()),
+		Restarts:    restarts,
 	}
 	tmpl, err := template.New("docs").Parse(docsTemplate)
 	if err != nil {
@@ -414,4 +422,81 @@ func replaceBetween(path, body string) error {
 	}
 	s = s[:i+len(readmeBegin)] + "\n" + body + s[j:]
 	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// restartStrategies are the strategies run again with a restart of the
+// operator's manager: the operator's, with request rates and on CPU alone.
+var restartStrategies = []string{"optimizer", "optimizer_cpu"}
+
+// restartDowntime is how long no manager runs in the documentation's
+// restarts: a leader's failover waits out the lease, 15 s with
+// controller-runtime's default LeaseDuration.
+const restartDowntime = 15 * time.Second
+
+// restartAt is when the documentation restarts the manager in sc: halfway
+// through the run.
+func restartAt(sc *Scenario) time.Duration { return sc.Duration.Duration / 2 }
+
+// restartVariant makes sc a restart run: a scenario without events or
+// opt-in (a steady Service) gets a restart of the manager at restartAt.
+func restartVariant(_ string, sc *Scenario) bool {
+	if len(sc.Events) > 0 || sc.OptIn.Duration > 0 {
+		return false
+	}
+	sc.Events = []Event{{At: Duration{restartAt(sc)}, Type: EventRestart, Downtime: Duration{restartDowntime}}}
+	sc.Strategies = restartStrategies
+	return true
+}
+
+// restartTable: per scenario run with a restart, the weight writes and
+// balancer switches from the stop through the restartWindow-th regular
+// cycle after it, summed over the seeds, beside the same span of the runs
+// without a restart, and the optimizer's p99 with the restart over without.
+func restartTable(m *Matrix) (string, error) {
+	if m.Restarted == nil {
+		return "(not run)", nil
+	}
+	var b strings.Builder
+	fmt.Fprintln(&b, "| scenario | request rates: after a restart | the same span, no restart | CPU alone: after a restart | the same span, no restart | `optimizer` whole-run p99, restart / none |")
+	fmt.Fprintln(&b, "|---|---:|---:|---:|---:|---:|")
+	cell := func(writes, switches, runs int) string {
+		if runs == 0 {
+			return "0, 0"
+		}
+		return fmt.Sprintf("%d, %d (%d of %d)", writes, switches, runs, len(m.Seeds))
+	}
+	for _, f := range m.Files {
+		runs := m.Restarted.Runs[f]
+		if len(runs) == 0 || len(runs[0]) == 0 {
+			continue
+		}
+		sc, err := LoadScenario(filepath.Join(m.Dir, f))
+		if err != nil {
+			return "", err
+		}
+		at := restartAt(sc).Seconds()
+		fmt.Fprintf(&b, "| %s |", strings.TrimSuffix(f, ".yaml"))
+		for _, name := range restartStrategies {
+			var rw, rs, rn, bw, bs, bn int
+			for k := range m.Seeds {
+				r, base := runs[k][name], m.Runs[f][k][name]
+				rw, rs = rw+r.WritesAfterRestart, rs+r.SwitchesAfterRestart
+				if r.WritesAfterRestart+r.SwitchesAfterRestart > 0 {
+					rn++
+				}
+				w, sw := base.changesAfter(at, restartWindow)
+				bw, bs = bw+w, bs+sw
+				if w+sw > 0 {
+					bn++
+				}
+			}
+			fmt.Fprintf(&b, " %s | %s |", cell(rw, rs, rn), cell(bw, bs, bn))
+		}
+		var ratios []float64
+		for k := range m.Seeds {
+			ratios = append(ratios, runs[k]["optimizer"].P99Ms/m.Runs[f][k]["optimizer"].P99Ms)
+		}
+		fmt.Fprintf(&b, " %s |\n", ratioCell(ratios))
+	}
+	return strings.TrimSpace(b.String()), nil
 }

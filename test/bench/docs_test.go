@@ -4,8 +4,10 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSeedList(t *testing.T) {
@@ -53,5 +55,41 @@ func TestBenchmarksDocIsGenerated(t *testing.T) {
 	}
 	if h := regexp.MustCompile(`\b[0-9a-f]{7,40}\b`).FindString(doc); h != "" && regexp.MustCompile(`[a-f]`).MatchString(h) {
 		t.Errorf("docs/benchmarks.md names what looks like a commit hash: %s", h)
+	}
+}
+
+// The documentation restarts only steady scenarios (no events, no opt-in),
+// halfway through, with the operator's strategies.
+func TestRestartVariantOnlySteadyScenarios(t *testing.T) {
+	steady := &Scenario{Duration: Duration{20 * time.Minute}}
+	if !restartVariant("x", steady) || len(steady.Events) != 1 || steady.Events[0].Type != EventRestart ||
+		steady.Events[0].At.Duration != 10*time.Minute || !slices.Equal(steady.Strategies, restartStrategies) {
+		t.Errorf("steady scenario: %+v", steady)
+	}
+	for _, sc := range []*Scenario{
+		{Duration: Duration{20 * time.Minute}, OptIn: Duration{5 * time.Minute}},
+		{Duration: Duration{20 * time.Minute}, Events: []Event{{Type: EventSetSpeed}}},
+	} {
+		if restartVariant("x", sc) {
+			t.Errorf("restarted a scenario with an opt-in or events: %+v", sc)
+		}
+	}
+}
+
+// changesAfter counts from t through the n-th regular cycle after it.
+func TestChangesAfterCountsThroughTheNthCycle(t *testing.T) {
+	r := StrategyResult{CycleTimes: []float64{30, 60, 90, 120, 150}, WriteTimes: []float64{20, 60, 91, 150}, SwitchTimes: []float64{45, 121}}
+	for _, c := range []struct {
+		t               float64
+		n, wantW, wantS int
+	}{
+		{40, 2, 1, 1},  // cycles 60 and 90: writes at 60, switch at 45
+		{40, 3, 2, 1},  // through 120: the write at 91 too
+		{40, 9, 3, 2},  // fewer cycles than n: to the end
+		{151, 1, 0, 0}, // nothing after
+	} {
+		if w, s := r.changesAfter(c.t, c.n); w != c.wantW || s != c.wantS {
+			t.Errorf("changesAfter(%v, %d) = %d, %d; want %d, %d", c.t, c.n, w, s, c.wantW, c.wantS)
+		}
 	}
 }

@@ -23,10 +23,22 @@ type Matrix struct {
 	Files []string
 	Seeds []uint64
 	Runs  map[string][]map[string]StrategyResult
+	// Restarted holds the same scenarios' runs with a restart of the
+	// operator's manager (restartVariant); nil when not run.
+	Restarted *Matrix
 }
 
 // runMatrix runs strategies(file) of every file in dir on every seed.
 func runMatrix(dir string, files []string, strategies func(file string) []string, seeds []uint64, parallel int) (*Matrix, error) {
+	return runVariants(dir, files, func(f string, sc *Scenario) bool {
+		sc.Strategies = strategies(f)
+		return true
+	}, seeds, parallel)
+}
+
+// runVariants runs every file in dir on every seed as prepare leaves it
+// (false: the file is not run; its runs stay empty).
+func runVariants(dir string, files []string, prepare func(file string, sc *Scenario) bool, seeds []uint64, parallel int) (*Matrix, error) {
 	var scs []*Scenario
 	type at struct {
 		file string
@@ -42,7 +54,9 @@ func runMatrix(dir string, files []string, strategies func(file string) []string
 			if seed != 0 {
 				sc.Seed = seed
 			}
-			sc.Strategies = strategies(f)
+			if !prepare(f, sc) {
+				continue
+			}
 			scs = append(scs, sc)
 			where = append(where, at{f, k})
 		}

@@ -169,6 +169,7 @@ func (o *optimizerCtl) stop(s *sim, downtime float64) {
 		s.note("record trace: not recorded, the run restarts the manager")
 		o.rec = nil
 	}
+	s.restarts = append(s.restarts, s.now)
 	o.down, o.upAt = true, s.now+downtime
 	o.wakeAt = o.upAt
 	if o.upAt <= s.end {
@@ -181,7 +182,6 @@ func (o *optimizerCtl) stop(s *sim, downtime float64) {
 // (driver.Restart), and the pods present count as long-ready.
 func (o *optimizerCtl) takeOver(s *sim) {
 	o.down, o.seenAt = false, s.now
-	s.restarts = append(s.restarts, restartMark{cycle: s.cycleIdx, writes: len(s.writeCycles), switches: len(s.switchCycles)})
 	cfg := o.cfg
 	cfg.Jitter = policy.NewJitter(policy.JitterSeed(o.name))
 	o.publish(s, o.drv.Restart(simTime(s.now), cfg, o.pods(s)))
@@ -219,7 +219,7 @@ func (o *optimizerCtl) wake(s *sim) float64 {
 		// cycles of the scenario's length) does not count it.
 		s.alarms++
 	default:
-		s.cycleIdx++
+		s.regularCycle()
 	}
 	if act == policy.Cycle {
 		o.traced(s, st)

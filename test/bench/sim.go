@@ -300,11 +300,14 @@ type sim struct {
 	maxQueue     int
 	publications int
 	switches     int // load-balancer changes (DestinationRule writes)
-	// restarts: where each new manager took over (EventRestart).
-	restarts []restartMark
-	alarms   int // cycles an alarm ran between the regular ones
-	cycleIdx int
-	snaps    []shareSnap // weight shares after each cycle
+	// restarts: when the operator's manager stopped (EventRestart).
+	restarts []float64
+	// cycleTimes, writeTimes and switchTimes: when each regular cycle
+	// ran, each weight change and each load-balancer change was sent.
+	cycleTimes, writeTimes, switchTimes []float64
+	alarms                              int // cycles an alarm ran between the regular ones
+	cycleIdx                            int
+	snaps                               []shareSnap // weight shares after each cycle
 	// writeCycles and switchCycles: the regular cycle (index) of each weight
 	// change sent to the clients and of each load-balancer change.
 	writeCycles, switchCycles []int
@@ -587,7 +590,7 @@ func (s *sim) run() StrategyResult {
 		case evScrape:
 			s.scrape(e.pod)
 		case evCycle:
-			s.cycleIdx++
+			s.regularCycle()
 			if s.ctl != nil {
 				s.ctl.cycle(s)
 			}
@@ -794,6 +797,7 @@ func (s *sim) setLB(lb lbMode) {
 	}
 	s.switches++
 	s.switchCycles = append(s.switchCycles, s.cycleIdx)
+	s.switchTimes = append(s.switchTimes, s.now)
 	for ci := range s.clients {
 		s.rebuild(int32(ci))
 	}
@@ -814,6 +818,7 @@ func (s *sim) publish(w []float64) {
 	}
 	if changed {
 		s.writeCycles = append(s.writeCycles, s.cycleIdx)
+		s.writeTimes = append(s.writeTimes, s.now)
 	}
 	if changed && !s.inEvent {
 		for ci := range s.clients {
@@ -1175,9 +1180,11 @@ func (s *sim) lateChanges(settled int) (writes, switches int) {
 	return writes, switches
 }
 
-// restartMark is where a new manager took over: the regular cycle it took
-// over in, and how many weight and balancer changes came before it.
-type restartMark struct{ cycle, writes, switches int }
+// regularCycle counts a regular cycle (not an early one) run now.
+func (s *sim) regularCycle() {
+	s.cycleIdx++
+	s.cycleTimes = append(s.cycleTimes, s.now)
+}
 
 // restartWindow is the number of regular cycles after a restart over which
 // its writes are counted: the new manager must keep what the one before it
@@ -1185,22 +1192,23 @@ type restartMark struct{ cycle, writes, switches int }
 // it to.
 const restartWindow = 5
 
-// afterRestarts counts the weight and balancer changes from each new
-// manager's takeover through its restartWindow-th regular cycle.
-func (s *sim) afterRestarts() (writes, switches int) {
-	for _, m := range s.restarts {
-		for _, c := range s.writeCycles[m.writes:] {
-			if c <= m.cycle+restartWindow {
-				writes++
-			}
-		}
-		for _, c := range s.switchCycles[m.switches:] {
-			if c <= m.cycle+restartWindow {
-				switches++
-			}
-		}
+// changesAfter counts the weight and load-balancer changes sent from t
+// through the n-th regular cycle after it (to the run's end when fewer
+// ran).
+func (r *StrategyResult) changesAfter(t float64, n int) (writes, switches int) {
+	end := math.Inf(1)
+	if i, _ := slices.BinarySearch(r.CycleTimes, t); i+n-1 < len(r.CycleTimes) {
+		end = r.CycleTimes[i+n-1]
 	}
-	return writes, switches
+	within := func(ts []float64) (k int) {
+		for _, x := range ts {
+			if x >= t && x <= end {
+				k++
+			}
+		}
+		return k
+	}
+	return within(r.WriteTimes), within(r.SwitchTimes)
 }
 
 // settleCycles: shares must hold for this many cycles before the run's end
@@ -1234,11 +1242,11 @@ type StrategyResult struct {
 	Writes               int `json:"writes"`
 	WritesAfterSettled   int `json:"writes_after_settled"`
 	SwitchesAfterSettled int `json:"switches_after_settled"`
-	// Restarts: how many times a new manager took over (EventRestart);
-	// WritesAfterRestart and SwitchesAfterRestart count the weight and
-	// balancer changes from each takeover through its fifth regular
-	// cycle (restartWindow; a restart that keeps what was learned makes
-	// none).
+	// Restarts: how many times the operator's manager stopped
+	// (EventRestart); WritesAfterRestart and SwitchesAfterRestart count
+	// the weight and balancer changes from each stop through the fifth
+	// regular cycle after it (restartWindow; a restart that keeps what
+	// was learned makes none).
 	Restarts             int      `json:"restarts,omitempty"`
 	WritesAfterRestart   int      `json:"writes_after_restart,omitempty"`
 	SwitchesAfterRestart int      `json:"switches_after_restart,omitempty"`
@@ -1259,6 +1267,9 @@ type StrategyResult struct {
 	Arrivals    uint64         `json:"-"`
 	ArrivalHash uint64         `json:"-"`
 	Utilisation []float64      `json:"-"` // by pod index, NaN when never measured
+	// CycleTimes, WriteTimes and SwitchTimes (s): when each regular
+	// cycle ran and each weight and load-balancer change was sent.
+	CycleTimes, WriteTimes, SwitchTimes []float64 `json:"-"`
 }
 
 func (s *sim) result(elapsed time.Duration) StrategyResult {
@@ -1283,8 +1294,13 @@ func (s *sim) result(elapsed time.Duration) StrategyResult {
 	if r.SettledCycle >= 0 {
 		r.WritesAfterSettled, r.SwitchesAfterSettled = s.lateChanges(r.SettledCycle)
 	}
+	r.CycleTimes, r.WriteTimes, r.SwitchTimes = s.cycleTimes, s.writeTimes, s.switchTimes
 	r.Restarts = len(s.restarts)
-	r.WritesAfterRestart, r.SwitchesAfterRestart = s.afterRestarts()
+	for _, t := range s.restarts {
+		w, sw := r.changesAfter(t, restartWindow)
+		r.WritesAfterRestart += w
+		r.SwitchesAfterRestart += sw
+	}
 	if len(s.modes) > 0 {
 		r.Modes = s.modes
 	}
