@@ -268,14 +268,17 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 	// cycle: on CPU alone at 90% load without CPU limits, restarts
 	// halfway through 16 bench runs made 13 balancer switches in their
 	// first five cycles, against 9 in the same span of the runs without
-	// a restart. Seeded as a start, 4 switches and 18 weight writes (2
-	// without a restart): the learning goes on, and a write is an EDS
-	// push where a switch rebuilds the cluster in every sidecar.
+	// a restart. Seeded as a start, with the noise the manager before
+	// measured restored, 3 switches and 7 weight writes (2 without a
+	// restart; with the noise's prior, 4 and 18): the learning goes on,
+	// and a write is an EDS push where a switch rebuilds the cluster in
+	// every sidecar.
 	verdict := liveBalancer != weights.BalancerLeastRequest || (liveWhy != ReasonLearning && liveWhy != ReasonFallback)
 	switch {
 	case restart && snap.Valid() && verdict:
 		p.eng.SeedSettled(now, seed, snap)
 	case restart:
+		p.eng.Restore(snap)
 		p.eng.Seed(now, seed)
 	default:
 		// The window before the opt-in is history the engine can learn

@@ -465,8 +465,9 @@ func TestRestartKeepsCPUAtLimitWithoutAPodAtItsLimit(t *testing.T) {
 // Live weights under LEAST_REQUEST that the manager before wrote while it
 // was still Learning, or that it had fallen back to (equal), are not its
 // verdict: a restart's first cycle reads the capacities from the readings,
-// though a snapshot was persisted. Weights it had learned are kept at the
-// first cycle (the readings calibrate the estimates to them).
+// though a snapshot was persisted (its noise and cycle are restored all the
+// same). Weights it had learned are kept at the first cycle (the readings
+// calibrate the estimates to them).
 func TestRestartTakesOnlyLearnedWeightsAsSettled(t *testing.T) {
 	old, now := learned(t, config())
 	live := map[string]uint32{"web-0": 300, "web-1": 100, "web-2": 100, "web-3": 100}
@@ -483,6 +484,11 @@ func TestRestartTakesOnlyLearnedWeightsAsSettled(t *testing.T) {
 	} {
 		p := New(config())
 		p.OptIn(now, fleet(), live, c.lb, c.why, old.Snapshot())
+		// What the manager before measured of the metrics is kept
+		// whether or not it had learned the pods.
+		if got := p.Snapshot(); !got.Similar(old.Snapshot()) {
+			t.Errorf("restart under %s (%q): the engine's noise and cycle %+v, want the persisted %+v", c.lb, c.why, got, old.Snapshot())
+		}
 		// The readings say the four pods are alike.
 		d := p.Cycle(now, steady(nil), fleet())
 		w := p.Weights(now, fleet())

@@ -93,9 +93,10 @@
 // # Using it
 //
 // A controller creates one Engine per optimized Service, calls Seed (or,
-// with a persisted Snapshot, SeedSettled) with the weights found in an
-// existing ServiceEntry after a restart, calls Update every cycle, writes
-// Result.Weights when Result.Changed, then calls Applied. After
+// with a persisted Snapshot of an engine that had learned them,
+// SeedSettled; of one that had not, Restore then Seed) with the weights
+// found in an existing ServiceEntry after a restart, calls Update every
+// cycle, writes Result.Weights when Result.Changed, then calls Applied. After
 // SeedSettled each pod's first cycle with data takes the capacity that
 // makes its live weight the solver's answer (its speed from that cycle's
 // reading, adjusted until the solver gives back its live share; a pod

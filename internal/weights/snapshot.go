@@ -74,6 +74,28 @@ func (s Snapshot) Similar(o Snapshot) bool {
 		(s.CoresNoise > 0) == (o.CoresNoise > 0) && (s.CoresNoise == 0 || near(s.CoresNoise, o.CoresNoise, math.Ln2))
 }
 
+// Restore takes back what an engine that ran before measured of the
+// metrics and the cycles, whatever it had learned of the pods: the noise
+// of a speed reading (with the count of cycles it rests on), the mean
+// cycle, and the noise of a cores reading of a pod without a limit. They
+// are properties of the Service's metrics pipeline and schedule, not of
+// any estimate. An invalid s (none persisted yet) leaves the priors. Call
+// it before Seed, whose weights then meet the publish bar the manager
+// before had measured rather than the prior's.
+func (e *Engine) Restore(s Snapshot) {
+	if !s.Valid() {
+		return
+	}
+	e.noise = boundNoise(s.Noise)
+	e.noiseCycles = min(s.NoiseCycles, e.params.memory())
+	if c := time.Duration(s.CycleSeconds * float64(time.Second)); c > 0 && !math.IsInf(s.CycleSeconds, 0) {
+		e.meanCycle, e.gaps = c, e.params.memory()
+	}
+	if s.CoresNoise > 0 && !math.IsInf(s.CoresNoise, 0) {
+		e.coresNoise = boundNoise(s.CoresNoise)
+	}
+}
+
 // SeedSettled is Seed for a manager that takes over from one that ran
 // before: the live weights are what that engine decided, so each pod's
 // first cycle with data takes the capacity that makes its weight the
@@ -90,16 +112,7 @@ func (s Snapshot) Similar(o Snapshot) bool {
 // real change is still found by the CUSUM and jump tests. An invalid s
 // (none persisted yet) leaves the noise at its prior.
 func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
-	if s.Valid() {
-		e.noise = boundNoise(s.Noise)
-		e.noiseCycles = min(s.NoiseCycles, e.params.memory())
-		if c := time.Duration(s.CycleSeconds * float64(time.Second)); c > 0 && !math.IsInf(s.CycleSeconds, 0) {
-			e.meanCycle, e.gaps = c, e.params.memory()
-		}
-		if s.CoresNoise > 0 && !math.IsInf(s.CoresNoise, 0) {
-			e.coresNoise = boundNoise(s.CoresNoise)
-		}
-	}
+	e.Restore(s)
 	e.seed(now, w, e.params.Smoothing*e.noise*e.noise)
 	for name := range w {
 		if st := e.pods[name]; st != nil {

@@ -130,3 +130,25 @@ func TestSeedSettledIgnoresAnInvalidSnapshot(t *testing.T) {
 		t.Error("seeded pods not settled")
 	}
 }
+
+// Restore takes back the measured noises and cycle of a valid snapshot and
+// nothing of an invalid one; it knows no pod.
+func TestRestoreTakesBackWhatWasMeasured(t *testing.T) {
+	s := Snapshot{Noise: 0.05, NoiseCycles: 12, CycleSeconds: 30, CoresNoise: 0.2}
+	e := New(DefaultParams())
+	e.Restore(s)
+	// The snapshot's cores noise is read from the pods' readings; the
+	// restored one waits in coresNoise for them.
+	if got := e.Snapshot(); got.Noise != s.Noise || got.NoiseCycles != s.NoiseCycles || got.CycleSeconds != s.CycleSeconds || e.coresNoise != s.CoresNoise {
+		t.Errorf("after Restore: %+v (cores noise %v), want %+v", got, e.coresNoise, s)
+	}
+	if len(e.pods) != 0 {
+		t.Errorf("Restore made %d pods", len(e.pods))
+	}
+	fresh := New(DefaultParams())
+	before := fresh.Snapshot()
+	fresh.Restore(Snapshot{Noise: math.NaN(), NoiseCycles: 3})
+	if got := fresh.Snapshot(); got != before {
+		t.Errorf("an invalid snapshot changed the priors: %+v, was %+v", got, before)
+	}
+}
