@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -172,14 +173,17 @@ func TestSettledCycleIsOwnTargets(t *testing.T) {
 // learning spell is convergence; a spell after it counts, as do writes.
 func TestLateChangesSkipTheEndOfLearning(t *testing.T) {
 	s := &sim{learnedCycle: -1, lb: lbWLR}
-	for _, step := range []struct {
-		cycle int
-		lb    lbMode
-	}{{5, lbWRR}, {10, lbWLR}, {12, lbWRR}} {
-		s.cycleIdx = step.cycle
-		s.setLB(step.lb)
+	switchTo := map[int]lbMode{5: lbWRR, 10: lbWLR, 12: lbWRR}
+	for c := 1; c <= 12; c++ {
+		s.now = float64(c)
+		s.regularCycle()
+		if slices.Contains([]int{1, 2, 4, 9}, c) {
+			s.writeTimes = append(s.writeTimes, s.now)
+		}
+		if lb, ok := switchTo[c]; ok {
+			s.setLB(lb)
+		}
 	}
-	s.writeCycles = []int{1, 2, 4, 9}
 	if w, sw := s.lateChanges(3); w != 2 || sw != 2 {
 		t.Errorf("settled at 3, learned at 5: %d writes, %d switches after; want 2, 2", w, sw)
 	}
@@ -189,7 +193,10 @@ func TestLateChangesSkipTheEndOfLearning(t *testing.T) {
 	// A run whose first change was out of ROUND_ROBIN has no learning
 	// spell to end: every change after settling counts.
 	r := &sim{learnedCycle: -1, lb: lbWRR}
-	r.cycleIdx = 5
+	for range 5 {
+		r.now++
+		r.regularCycle()
+	}
 	r.setLB(lbWLR)
 	if _, sw := r.lateChanges(3); sw != 1 {
 		t.Errorf("a first change into LEAST_REQUEST: %d switches after, want 1", sw)

@@ -308,9 +308,6 @@ type sim struct {
 	alarms                              int // cycles an alarm ran between the regular ones
 	cycleIdx                            int
 	snaps                               []shareSnap // weight shares after each cycle
-	// writeCycles and switchCycles: the regular cycle (index) of each weight
-	// change sent to the clients and of each load-balancer change.
-	writeCycles, switchCycles []int
 	// learnedCycle: the cycle of the run's first balancer change when it
 	// was into ROUND_ROBIN (the end of the opt-in's learning spell), -1
 	// before or without one.
@@ -796,7 +793,6 @@ func (s *sim) setLB(lb lbMode) {
 		s.learnedCycle = s.cycleIdx
 	}
 	s.switches++
-	s.switchCycles = append(s.switchCycles, s.cycleIdx)
 	s.switchTimes = append(s.switchTimes, s.now)
 	for ci := range s.clients {
 		s.rebuild(int32(ci))
@@ -817,7 +813,6 @@ func (s *sim) publish(w []float64) {
 		s.weights[h] = w[h]
 	}
 	if changed {
-		s.writeCycles = append(s.writeCycles, s.cycleIdx)
 		s.writeTimes = append(s.writeTimes, s.now)
 	}
 	if changed && !s.inEvent {
@@ -1166,18 +1161,28 @@ func (s *sim) settledCycle() int {
 // learning spell: that switch is the balancer converging, not a change
 // after convergence.
 func (s *sim) lateChanges(settled int) (writes, switches int) {
-	for _, c := range s.writeCycles {
-		if c > settled {
+	for _, t := range s.writeTimes {
+		if s.cycleAt(t) > settled {
 			writes++
 		}
 	}
 	converged := max(settled, s.learnedCycle)
-	for _, c := range s.switchCycles {
-		if c > converged {
+	for _, t := range s.switchTimes {
+		if s.cycleAt(t) > converged {
 			switches++
 		}
 	}
 	return writes, switches
+}
+
+// cycleAt is the index of the last regular cycle run at or before t (0:
+// none), the cycle a change sent at t belongs to.
+func (s *sim) cycleAt(t float64) int {
+	i, found := slices.BinarySearch(s.cycleTimes, t)
+	for found && i < len(s.cycleTimes) && s.cycleTimes[i] == t {
+		i++
+	}
+	return i
 }
 
 // regularCycle counts a regular cycle (not an early one) run now.
@@ -1284,7 +1289,7 @@ func (s *sim) result(elapsed time.Duration) StrategyResult {
 		PolicySwitches: s.switches,
 		Alarms:         s.alarms,
 		SettledCycle:   s.settledCycle(),
-		Writes:         len(s.writeCycles),
+		Writes:         len(s.writeTimes),
 		Requests:       s.lat.n,
 		ElapsedSec:     elapsed.Seconds(),
 		Arrivals:       s.arrivals,
