@@ -34,9 +34,9 @@ type optimizerCtl struct {
 	// expects (NaN once taken); a manager's stop leaves an earlier one
 	// pending, which wake then ignores.
 	wakeAt float64
-	// down: no manager runs until upAt (EventRestart).
+	// down: no manager runs until the evPolicy event at wakeAt
+	// (EventRestart).
 	down bool
-	upAt float64
 	// seenAt is when the manager running now first met the pods: those
 	// present then count as long-ready, as the mirror counts them.
 	seenAt float64
@@ -170,10 +170,9 @@ func (o *optimizerCtl) stop(s *sim, downtime float64) {
 		o.rec = nil
 	}
 	s.restarts = append(s.restarts, s.now)
-	o.down, o.upAt = true, s.now+downtime
-	o.wakeAt = o.upAt
-	if o.upAt <= s.end {
-		s.push(event{t: o.upAt, kind: evPolicy})
+	o.down, o.wakeAt = true, s.now+downtime
+	if o.wakeAt <= s.end {
+		s.push(event{t: o.wakeAt, kind: evPolicy})
 	}
 }
 
