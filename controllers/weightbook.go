@@ -34,9 +34,9 @@ type bookEntry struct {
 	readySince map[string]time.Time
 	outcome    *Outcome
 	// restore is what an earlier manager learned (persisted on the
-	// optimizer), given to the engine when it is seeded; persisted is the
-	// snapshot last written there (see learned_state.go).
-	restore, persisted weights.Snapshot
+	// optimizer, see learned_state.go), given to the policy when it is
+	// seeded.
+	restore weights.Snapshot
 	// liveBalancer is the live DestinationRule's load balancer ("" when
 	// none) and liveWhy the earlier manager's reason for it ("" when
 	// unknown), until the policy is seeded.
@@ -96,11 +96,7 @@ func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uin
 	for _, ep := range eps {
 		e.readySince[ep.Pod] = time.Time{}
 	}
-	if e.policy.OptIn(now, e.pods(now, eps), w, e.liveBalancer, e.liveWhy, e.restore) && e.restore.Valid() && len(w) > 0 {
-		// An engine ran before this one and its weights are live: they
-		// are settled estimates, and its snapshot is the one persisted.
-		e.persisted = e.restore
-	}
+	e.policy.OptIn(now, e.pods(now, eps), w, e.liveBalancer, e.liveWhy, e.restore)
 }
 
 // WeightsFor returns, by pod, the weights the mirror should write for eps.
@@ -289,20 +285,15 @@ func (b *WeightBook) Restore(key types.NamespacedName, p weights.Params, s weigh
 	}
 }
 
-// SnapshotToPersist returns the engine's snapshot when it differs enough
-// from the one persisted last to be worth a write.
+// SnapshotToPersist returns the policy's snapshot when it is worth a write
+// to the optimizer (policy.Policy.SnapshotToPersist).
 func (b *WeightBook) SnapshotToPersist(key types.NamespacedName) (weights.Snapshot, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.entries[key]
-	if e == nil || !e.policy.OptedIn() {
-		return weights.Snapshot{}, false
+	if e := b.entries[key]; e != nil {
+		return e.policy.SnapshotToPersist()
 	}
-	s := e.policy.Snapshot()
-	if !s.Valid() || s.Similar(e.persisted) {
-		return weights.Snapshot{}, false
-	}
-	return s, true
+	return weights.Snapshot{}, false
 }
 
 // Persisted records that s was written to the optimizer.
@@ -310,6 +301,6 @@ func (b *WeightBook) Persisted(key types.NamespacedName, s weights.Snapshot) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if e := b.entries[key]; e != nil {
-		e.persisted = s
+		e.policy.Persisted(s)
 	}
 }

@@ -20,9 +20,12 @@
 //   - Seeding. At a first opt-in the pods carried equal traffic under
 //     Istio's default LEAST_REQUEST, and the engine is told so over the
 //     whole query window (no empty history). After a restart the live
-//     weights, with the persisted weights.Snapshot, are settled estimates,
-//     and the live load balancer is kept with the reason the manager before
-//     gave for it.
+//     weights, with the persisted weights.Snapshot, are settled estimates
+//     if the manager before had learned them (else a start, with the noise
+//     it measured restored), and the live load balancer is kept with the
+//     reason the manager before gave for it. The snapshot is worth a write
+//     to the optimizer when it is no longer Similar to the one there
+//     (SnapshotToPersist).
 //   - The load balancer. LEAST_REQUEST until the engine's results have been
 //     Learned for a whole query window, then the user's choice. A later
 //     result that is not Learned (an alarm, a drained pod, a pod without
@@ -204,6 +207,9 @@ type Policy struct {
 	// restarted: the engine was seeded with the live weights (a restart),
 	// which an earlier manager learned.
 	restarted bool
+	// persisted is the snapshot the optimizer carries (the one OptIn was
+	// given, then each one Persisted); invalid: none.
+	persisted weights.Snapshot
 }
 
 // New returns the policy of one optimizer, before its opt-in.
@@ -261,6 +267,9 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 	}
 	restart := len(seed) > 0
 	p.restarted = restart
+	if snap.Valid() {
+		p.persisted = snap
+	}
 	// The live weights are an engine's verdict only if the manager before
 	// had learned: LEAST_REQUEST while Learning holds weights written
 	// while the estimates were still moving, and Fallback equal ones.
@@ -590,5 +599,23 @@ func (p *Policy) Balancer() (weights.Balancer, Reason) { return p.balancer, p.wh
 // DestinationRule write).
 func (p *Policy) Switches() int { return p.switches }
 
-// Snapshot is the engine's weights.Snapshot, to persist.
+// Snapshot is the engine's weights.Snapshot.
 func (p *Policy) Snapshot() weights.Snapshot { return p.eng.Snapshot() }
+
+// SnapshotToPersist returns the engine's snapshot when it is worth a write
+// to the optimizer: valid, and not Similar to the one the optimizer
+// carries (the noise settles within a few cycles, so the writes are rare).
+// The caller writes it and then calls Persisted.
+func (p *Policy) SnapshotToPersist() (weights.Snapshot, bool) {
+	if !p.optedIn {
+		return weights.Snapshot{}, false
+	}
+	s := p.eng.Snapshot()
+	if !s.Valid() || s.Similar(p.persisted) {
+		return weights.Snapshot{}, false
+	}
+	return s, true
+}
+
+// Persisted records that the optimizer now carries s.
+func (p *Policy) Persisted(s weights.Snapshot) { p.persisted = s }

@@ -633,3 +633,43 @@ func TestDoubtStartsNoSpellAQueueDoes(t *testing.T) {
 		t.Fatalf("an alarm during the doubt: %s (%s) switched %v; want a spell of LEAST_REQUEST at once", d.Balancer, d.Why, d.Switched)
 	}
 }
+
+// The snapshot worth a write to the optimizer: none before the opt-in or
+// before the engine has measured anything; then the engine's, once, until
+// it moves. After a restart the optimizer already carries the snapshot the
+// policy was seeded with: nothing is written while the engine's stays
+// Similar to it.
+func TestSnapshotToPersistOnlyWhenItMoved(t *testing.T) {
+	p := New(config())
+	if _, ok := p.SnapshotToPersist(); ok {
+		t.Fatal("a snapshot to persist before the opt-in")
+	}
+	old, now := learned(t, config())
+	s, ok := old.SnapshotToPersist()
+	if !ok {
+		t.Fatal("nothing to persist after learning from a first opt-in")
+	}
+	old.Persisted(s)
+	if again, ok := old.SnapshotToPersist(); ok {
+		t.Fatalf("persisted %+v, then asked again: %+v", s, again)
+	}
+
+	q := New(config())
+	q.OptIn(now, fleet(), old.Weights(now, fleet()), weights.BalancerRoundRobin, ReasonLearned, s)
+	if got, ok := q.SnapshotToPersist(); ok {
+		t.Errorf("a restart seeded with the optimizer's snapshot %+v wants to write %+v", s, got)
+	}
+	runUntil(t, q, now.Add(5*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	if got, ok := q.SnapshotToPersist(); ok {
+		t.Errorf("five steady minutes after the restart: wants to write %+v over %+v", got, s)
+	}
+
+	// A restart with no snapshot on the optimizer writes one once it has
+	// measured the noise.
+	r := New(config())
+	r.OptIn(now, fleet(), old.Weights(now, fleet()), weights.BalancerRoundRobin, ReasonLearned, weights.Snapshot{})
+	runUntil(t, r, now.Add(5*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	if _, ok := r.SnapshotToPersist(); !ok {
+		t.Error("a restart without a snapshot on the optimizer: nothing to persist after five minutes")
+	}
+}

@@ -47,9 +47,10 @@ type Driver struct {
 	P    *policy.Policy
 	pods []weights.Pod
 	live map[string]uint32
-	// persisted is the learned state on the optimizer (the
-	// learned-state annotation), written as the mirror writes it.
-	persisted weights.Snapshot
+	// annotation is the learned state the optimizer carries (the
+	// learned-state annotation), written when the policy says, as the
+	// mirror writes it.
+	annotation weights.Snapshot
 	// switchesBefore counts the load-balancer changes of the policies
 	// that ran before the last Restart.
 	switchesBefore int
@@ -72,13 +73,7 @@ func (d *Driver) Restart(now time.Time, cfg policy.Config, pods []weights.Pod) m
 	lb, why := d.P.Balancer()
 	d.switchesBefore += d.P.Switches()
 	d.P = policy.New(cfg)
-	restore := d.persisted
-	// The new mirror's book holds no snapshot as persisted (so it writes
-	// the next) unless it was seeded with the live weights and this one.
-	d.persisted = weights.Snapshot{}
-	if d.P.OptIn(now, pods, d.live, lb, why, restore) && restore.Valid() && len(d.live) > 0 {
-		d.persisted = restore
-	}
+	d.P.OptIn(now, pods, d.live, lb, why, d.annotation)
 	return d.reconcile(now, pods)
 }
 
@@ -90,6 +85,9 @@ func (d *Driver) Restart(now time.Time, cfg policy.Config, pods []weights.Pod) m
 func (d *Driver) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32, liveBalancer weights.Balancer, liveWhy policy.Reason, snap weights.Snapshot) map[string]uint32 {
 	d.P.OptIn(now, pods, live, liveBalancer, liveWhy, snap)
 	d.live = maps.Clone(live)
+	if snap.Valid() {
+		d.annotation = snap
+	}
 	return d.reconcile(now, pods)
 }
 
@@ -110,10 +108,11 @@ func (d *Driver) reconcile(now time.Time, pods []weights.Pod) map[string]uint32 
 		d.Writes++
 	}
 	d.P.Applied(now, d.live)
-	// The mirror persists the learned state after each reconcile when it
-	// has moved enough to be worth a write.
-	if snap := d.P.Snapshot(); snap.Valid() && !snap.Similar(d.persisted) {
-		d.persisted = snap
+	// The mirror persists the learned state after each reconcile when the
+	// policy says it is worth a write.
+	if snap, ok := d.P.SnapshotToPersist(); ok {
+		d.annotation = snap
+		d.P.Persisted(snap)
 	}
 	return written
 }
