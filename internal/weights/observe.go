@@ -577,13 +577,15 @@ func coresBounds(pod Pod) (lo, hi float64) {
 	return lo, hi
 }
 
-// clampCores returns c within the pod's cores bounds (coresBounds).
+// clampCores returns c within the pod's cores bounds (coresBounds), and
+// never above maxCores: a CPU reading past any machine's (a lying
+// exporter's) would otherwise make an estimate of infinite cores.
 func clampCores(pod Pod, c float64) float64 {
 	lo, hi := coresBounds(pod)
 	if hi > 0 {
 		c = min(c, hi)
 	}
-	return max(c, lo)
+	return max(min(c, maxCores), lo)
 }
 
 // knownCores reports whether the pod's Cores is a plausible CPU limit.
