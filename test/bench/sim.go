@@ -756,9 +756,9 @@ func (s *sim) pick(c *simClient, ci int32) int32 {
 }
 
 // rebuild is Envoy's refresh after a host-set or weight change: with unequal
-// weights the EDF scheduler is rebuilt (hosts added in order at 1/weight,
-// then seed % N throw-away picks); with equal weights the unweighted path is
-// used.
+// weights the EDF scheduler is rebuilt at the client's own point of the
+// weighted rotation (edf.Rebuild, from the load balancer's seed); with equal
+// weights the unweighted path is used.
 func (s *sim) rebuild(ci int32) {
 	c := &s.clients[ci]
 	c.equal = true
@@ -779,7 +779,7 @@ func (s *sim) rebuild(ci int32) {
 		}
 		return c.w[h]
 	}
-	c.edf.Rebuild(s.hosts, weight, int(c.seed%uint64(len(s.hosts))))
+	c.edf.Rebuild(s.hosts, weight, c.seed)
 }
 
 // setLB switches every client's load balancer (a DestinationRule change:

@@ -146,10 +146,13 @@ type sidecar struct {
 	rng    *rand.Rand // arrivals (generate's goroutine only)
 
 	mu      sync.Mutex
-	offsets *rand.Rand // schedule offsets, under mu
-	hosts   []int      // pod index per scheduler host
-	weights []float64  // weight per scheduler host
-	byPod   []uint32   // weight per pod index (0: not an endpoint)
+	offsets *rand.Rand // least request's random picks, under mu
+	// lbSeed is the load balancer's seed, drawn once as Envoy draws it:
+	// where each rebuilt schedule starts (edf.Rebuild).
+	lbSeed  uint64
+	hosts   []int     // pod index per scheduler host
+	weights []float64 // weight per scheduler host
+	byPod   []uint32  // weight per pod index (0: not an endpoint)
 	key     string
 	policy  string // "ROUND_ROBIN" or "LEAST_REQUEST"
 	equal   bool   // every weight the same
@@ -175,6 +178,7 @@ func newSidecar(id int, rate float64, src weightSource, byAddr map[string]int, p
 		http:    &http.Client{Transport: tr, Timeout: timeout},
 		rng:     rand.New(rand.NewPCG(seed, uint64(id))),
 		offsets: rand.New(rand.NewPCG(seed+1, uint64(id))),
+		lbSeed:  rand.New(rand.NewPCG(seed+2, uint64(id))).Uint64(),
 		byPod:   make([]uint32, len(pods)),
 		active:  make([]int, len(pods)),
 	}
@@ -220,15 +224,15 @@ func (s *sidecar) refresh(ctx context.Context) {
 	}
 	s.key, s.hosts, s.weights, s.byPod, s.policy = key.String(), hosts, weights, byPod, policy
 	s.equal = !slices.ContainsFunc(weights, func(w float64) bool { return w != weights[0] })
-	// Envoy rebuilds the EDF schedule: hosts added in order at 1/weight,
-	// then a random number of picks thrown away so that sidecars do not
-	// move in lock step. (With equal weights Envoy's unweighted round robin
-	// starts at a random index: the same sequence.)
+	// Envoy rebuilds the EDF schedule at the sidecar's own point of the
+	// weighted rotation, so that sidecars do not move in lock step. (With
+	// equal weights Envoy's unweighted round robin starts at a random
+	// index: the same sequence.)
 	order := make([]int32, len(weights))
 	for h := range order {
 		order[h] = int32(h)
 	}
-	s.sched.Rebuild(order, s.effectiveWeight, s.offsets.IntN(len(hosts)))
+	s.sched.Rebuild(order, s.effectiveWeight, s.lbSeed)
 	s.synced = true
 }
 

@@ -33,9 +33,13 @@ func (e *Scheduler) Reset() {
 
 // Add inserts host at deadline current + 1/weight.
 func (e *Scheduler) Add(host int32, weight float64) {
-	e.h = append(e.h, edfEntry{deadline: e.cur + 1/weight, order: e.order, host: host})
+	e.push(edfEntry{deadline: e.cur + 1/weight, order: e.order, host: host})
 	e.order++
-	// sift up
+}
+
+// push inserts x into the heap.
+func (e *Scheduler) push(x edfEntry) {
+	e.h = append(e.h, x)
 	i := len(e.h) - 1
 	for i > 0 {
 		p := (i - 1) / 2
@@ -87,16 +91,47 @@ func (e *Scheduler) Pick(w []float64) int32 {
 	return host
 }
 
-// Rebuild is Envoy's EDF rebuild after a host-set or weight change: the
-// scheduler is reset, hosts are added in order at 1/weight, then skip picks
-// are thrown away (each re-added with its weight read at re-add time) so
-// that schedulers built from the same hosts do not move in lock step.
-func (e *Scheduler) Rebuild(hosts []int32, weight func(int32) float64, skip int) {
+// maxPrePicks bounds the picks a rebuild emulates (Envoy's UINT_MAX/10).
+const maxPrePicks = 429496729
+
+// Rebuild is Envoy's EDF rebuild after a host-set or weight change
+// (EdfScheduler::createWithPicks; envoyproxy/envoy#32233, Envoy 1.30): the
+// scheduler starts as if seed % maxPrePicks picks had been made from one
+// with every host added in order at 1/weight. Envoy draws seed at random
+// once per load balancer (each sidecar and worker), so schedulers built
+// from the same hosts start at unrelated points of the weighted rotation,
+// however unequal the weights; before 1.30 it threw away only seed % hosts
+// picks, which left every sidecar's first picks of a light host within one
+// rotation of each other's. Each host's share of the picks,
+// floor(picks*w/W), is taken at once (its next deadline then (floor+1)/w);
+// the few left are picked one by one, each re-added with its weight read at
+// re-add time. A tiny epsilon on the weights keeps hosts whose weights are
+// multiples of each other in the order one-by-one picks would give, as
+// Envoy's does.
+func (e *Scheduler) Rebuild(hosts []int32, weight func(int32) float64, seed uint64) {
 	e.Reset()
-	for _, h := range hosts {
-		e.Add(h, weight(h))
+	if len(hosts) == 0 {
+		return
 	}
-	for ; skip > 0; skip-- {
+	const epsilon = 1e-13
+	picks := seed % maxPrePicks
+	sum := 0.0
+	for _, h := range hosts {
+		sum += weight(h) + epsilon
+	}
+	var taken uint64
+	for _, h := range hosts {
+		w := weight(h) + epsilon
+		floor := uint64(w * float64(picks) / sum)
+		if floor > 0 && float64(floor)/w >= float64(picks)/sum {
+			floor-- // floating point put floor(A*B) above A*B
+		}
+		e.cur = max(e.cur, float64(floor)/w)
+		e.push(edfEntry{deadline: float64(floor+1) / w, order: e.order, host: h})
+		e.order++
+		taken += floor
+	}
+	for ; taken < picks; taken++ {
 		h := e.Top()
 		e.Readd(weight(h))
 	}
