@@ -88,6 +88,11 @@ const saturatedUse = 0.97
 // values are what broken exporters and counter resets produce.
 func usable(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
 
+// usableCPU reports whether a pod's CPU rate is data: usable, and not more
+// CPU than one pod has (maxCores), which only a lying exporter reports; the
+// pod then has no CPU data, as with none at all.
+func usableCPU(v float64) bool { return usable(v) && v <= maxCores }
+
 // readSignals reduces the observation to the set, in set order.
 func readSignals(set []Pod, obs map[string]Signal) cycleReadings {
 	out := cycleReadings{pods: make([]reading, len(set))}
@@ -95,7 +100,7 @@ func readSignals(set []Pod, obs map[string]Signal) cycleReadings {
 	for i, pod := range set {
 		raw, ok := obs[pod.Name]
 		r := &out.pods[i]
-		if ok && usable(raw.CPU) {
+		if ok && usableCPU(raw.CPU) {
 			r.cpu, r.hasCPU = raw.CPU, true
 			out.withCPU++
 			total += raw.CPU
@@ -117,7 +122,7 @@ func readSignals(set []Pod, obs map[string]Signal) cycleReadings {
 		if usable(raw.RecentLatency) {
 			r.recentLatency = raw.RecentLatency
 		}
-		if usable(raw.RecentCPU) {
+		if usableCPU(raw.RecentCPU) {
 			r.recentCPU = raw.RecentCPU
 		}
 		if r.hasCPU && r.cpu > 0 && r.hasRequests && r.requests > 0 {
@@ -577,15 +582,13 @@ func coresBounds(pod Pod) (lo, hi float64) {
 	return lo, hi
 }
 
-// clampCores returns c within the pod's cores bounds (coresBounds), and
-// never above maxCores: a CPU reading past any machine's (a lying
-// exporter's) would otherwise make an estimate of infinite cores.
+// clampCores returns c within the pod's cores bounds (coresBounds).
 func clampCores(pod Pod, c float64) float64 {
 	lo, hi := coresBounds(pod)
 	if hi > 0 {
 		c = min(c, hi)
 	}
-	return max(min(c, maxCores), lo)
+	return max(c, lo)
 }
 
 // knownCores reports whether the pod's Cores is a plausible CPU limit.
