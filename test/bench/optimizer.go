@@ -165,14 +165,24 @@ func (o *optimizerCtl) next(s *sim) float64 {
 // stop is the manager's end (EventRestart): nothing runs and nothing is
 // written until a new manager takes over after downtime (wake).
 func (o *optimizerCtl) stop(s *sim, downtime float64) {
-	if o.rec != nil {
-		s.note("record trace: not recorded, the run restarts the manager")
-		o.rec = nil
-	}
 	s.restarts = append(s.restarts, s.now)
 	o.down, o.wakeAt = true, s.now+downtime
 	if o.wakeAt <= s.end {
 		s.push(event{t: o.wakeAt, kind: evPolicy})
+	}
+	if o.rec != nil {
+		o.rec.Restarts = append(o.rec.Restarts, driver.Restart{Stop: simTime(s.now).UnixNano(), Resume: simTime(o.wakeAt).UnixNano()})
+		if o.wakeAt > s.end {
+			// No manager runs again: the trace ends here.
+			o.writeTrace(s)
+		}
+	}
+}
+
+// writeTrace writes the recorded trace (--record-trace).
+func (o *optimizerCtl) writeTrace(s *sim) {
+	if err := o.rec.Write(recordTrace); err != nil {
+		s.note(fmt.Sprintf("record trace: %v", err))
 	}
 }
 
@@ -231,9 +241,7 @@ func (o *optimizerCtl) wake(s *sim) float64 {
 	o.publish(s, st.Written)
 	next := o.next(s)
 	if o.rec != nil && next > s.end {
-		if err := o.rec.Write(recordTrace); err != nil {
-			s.note(fmt.Sprintf("record trace: %v", err))
-		}
+		o.writeTrace(s)
 	}
 	return next
 }

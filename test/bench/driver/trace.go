@@ -30,6 +30,17 @@ type Trace struct {
 	// Pods is the endpoint set (fixed over the trace).
 	Pods    []weights.Pod `json:"pods"`
 	Answers []Answer      `json:"answers"`
+	// Restarts are the instants the operator's manager stopped and a new
+	// one took over, in order.
+	Restarts []Restart `json:"restarts,omitempty"`
+}
+
+// Restart is one stop of the operator's manager: nothing runs from Stop
+// until a new manager takes over at Resume (nanoseconds since the Unix
+// epoch), seeded from what the cluster holds (Driver.Restart).
+type Restart struct {
+	Stop   int64 `json:"stop"`
+	Resume int64 `json:"resume"`
 }
 
 // Duration is a time.Duration written as a Go duration string.
