@@ -37,7 +37,7 @@ func runUntilWithin(l *closedLoop, maxCycles int, within float64) int {
 // on them.
 var phases = []time.Duration{0, 5 * time.Second, 10 * time.Second}
 
-func TestConvergesFromEqualWeightsWithinThreeCycles(t *testing.T) {
+func TestConvergesFromEqualWeightsWithinThreeCyclesOrSixOnCPUAlone(t *testing.T) {
 	tests := map[string]loopConfig{
 		// Istio request metrics: speed is requests per CPU-second, exact.
 		"request rates": {useRequests: true},

@@ -294,7 +294,6 @@ type sim struct {
 	// perMinute holds one histogram per minute of arrival time, from t=0
 	// (Scenario.PerMinute).
 	perMinute    []*histogram
-	lbMinutes    []lbMode // the load balancer in force at each minute's end
 	arrivals     uint64
 	arrHash      uint64
 	maxQueue     int

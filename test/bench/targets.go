@@ -132,15 +132,6 @@ var Targets = []Target{
 // holds reports whether v meets the target.
 func (tg Target) holds(v float64) bool { return v <= tg.Max && v >= tg.Min }
 
-// margin is how far v is inside the target, relative (negative: missed).
-func (tg Target) margin(v float64) float64 {
-	m := tg.Max/v - 1
-	if tg.Min > 0 {
-		m = min(m, v/tg.Min-1)
-	}
-	return m
-}
-
 func (tg Target) format(v float64) string {
 	if tg.Unit == "ms" {
 		return fmt.Sprintf("%.0f ms", v)

@@ -120,7 +120,6 @@ func measureBlackBox(t *testing.T, bin string, services, pods int) blackBoxFigur
 		}
 	}
 	// Pods are created by 16 writers at once, across Services.
-	type job struct{ obj client.Object }
 	jobs := make(chan client.Object, 256)
 	errs := make(chan error, 16)
 	var wg sync.WaitGroup
