@@ -38,7 +38,8 @@ type replica struct {
 // another replica takes over and resumes them when the leader goes:
 //
 //   - stopped gracefully (SIGTERM, a rolling update or a drain): the leader
-//     releases its Lease on the way out (LeaderElectionReleaseOnCancel);
+//     releases its Lease on the way out (LeaderElectionReleaseOnCancel),
+//     which the Lease shows as soon as the process has exited;
 //   - killed (SIGKILL, a node failure): the Lease must expire first
 //     (controller-runtime's default lease duration, 15 s).
 //
@@ -146,11 +147,20 @@ func TestLeaderFailover(t *testing.T) {
 		if before != 0 {
 			t.Errorf("standby %s ran %v weight cycles before leading; only the leader may", standby.name, before)
 		}
+		held := leaseHolder(ctx, t, c, leaseNS)
 		stopped := time.Now()
 		if err := leader.cmd.Process.Signal(sig); err != nil {
 			t.Fatal(err)
 		}
 		<-leader.exited
+		if sig == syscall.SIGTERM {
+			// Released on the way out: the Lease names no holder, or
+			// already the standby, well before the lease duration (15 s)
+			// could have freed it.
+			if now := leaseHolder(ctx, t, c, leaseNS); now == held {
+				t.Errorf("%s exited on SIGTERM still holding the Lease (%s): it was not released", leader.name, held)
+			}
+		}
 		if got := waitLeader(60*time.Second, standby); got != standby {
 			t.Fatalf("%s did not take over", standby.name)
 		}
