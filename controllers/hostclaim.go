@@ -67,8 +67,10 @@ func (h *HostClaims) Check(ctx context.Context, opt *optv1.IstioAdaptiveRequestO
 	for _, se := range ses.Items {
 		l := se.Labels
 		if l[desired.LabelManagedBy] == desired.ManagedByValue && l[desired.LabelOptimizerName] != "" {
-			// Written by the operator: it counts through its optimizer's claim.
-			holds[types.NamespacedName{Namespace: l[desired.LabelOptimizerNamespace], Name: l[desired.LabelOptimizerName]}] = true
+			// Written by the operator: it counts through its optimizer's
+			// claim. A name too long for a label value is hashed there and
+			// kept whole in an annotation (desired.OwnerName).
+			holds[types.NamespacedName{Namespace: l[desired.LabelOptimizerNamespace], Name: desired.OwnerName(se)}] = true
 			continue
 		}
 		holders = append(holders, desired.HostHolder{Kind: "ServiceEntry", Namespace: se.Namespace, Name: se.Name, Note: "not written by the operator"})

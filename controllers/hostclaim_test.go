@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	. "github.com/liorfranko/istio-adaptive-least-request/test/fixtures"
 )
 
@@ -225,4 +226,41 @@ func TestCrossNamespaceIsOffByDefault(t *testing.T) {
 	waitCondition(t, platformNamespace, allowed.Name, "Ready", "True/Reconciled")
 	mustEventuallySE(t, svcNS, wantAddrs(IP(47, 1)))
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), allowed) })
+}
+
+// A holder whose name is too long for a label value (its ServiceEntry's
+// optimizer-name label is hashed, the name kept in an annotation) keeps its
+// host when an older optimizer asks for that host later.
+func TestLongNamedHolderKeepsItsHost(t *testing.T) {
+	a, b := newNamespace(t), newNamespace(t)
+	host := "web-" + a + "." + sharedHostSuffix
+	webService(t, a, Ready("web-0", IP(44, 1), "node-a-"+a))
+	webService(t, b, Ready("web-0", IP(44, 2), "node-a-"+b))
+	older := Optimizer(b, "web", "web")
+	older.Spec.Host = "web-" + b + "." + sharedHostSuffix
+	mustCreate(t, older)
+	waitCondition(t, b, "web", "Ready", "True/Reconciled")
+	// Creation times count in whole seconds: the holder comes a second later.
+	time.Sleep(time.Until(older.CreationTimestamp.Add(1100 * time.Millisecond)))
+
+	long := "web-" + strings.Repeat("x", 66) // 70 characters: a label value holds 63
+	holder := Optimizer(a, long, "web")
+	holder.Spec.Host = host
+	mustCreate(t, holder)
+	waitCondition(t, a, long, "Ready", "True/Reconciled")
+	mustEventuallySE(t, a, func(se seT) error {
+		if strings.Join(se.Spec.Hosts, ",") != host {
+			return fmt.Errorf("hosts %v, want %s", se.Spec.Hosts, host)
+		}
+		return nil
+	})
+	same := untouchedSE(t, a)
+
+	updateOpt(t, b, "web", func(o *optv1.IstioAdaptiveRequestOptimizer) { o.Spec.Host = host })
+	o := waitCondition(t, b, "web", "Stalled", "True/HostTaken")
+	if msg := conditionMessage(o, "Stalled"); !strings.Contains(msg, a+"/"+long) {
+		t.Errorf("Stalled message %q does not name the holder %s/%s", msg, a, long)
+	}
+	consistently(t, 500*time.Millisecond, "the holder's ServiceEntry untouched", same)
+	waitCondition(t, a, long, "Ready", "True/Reconciled")
 }
