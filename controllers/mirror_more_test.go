@@ -670,16 +670,30 @@ func TestCRDValidationRejectsBadInput(t *testing.T) {
 
 // Beyond the ServiceEntry's endpoint limit, routing a part of the pods
 // would leave the others without mesh traffic: the optimizer stalls, its
-// VirtualService goes, and the Kubernetes Service carries every pod again;
-// back under the limit, it routes again.
+// VirtualService goes, the gateway route it retargeted is put back, and
+// the Kubernetes Service carries every pod again; back under the limit, it
+// routes and retargets again.
 func TestTooManyEndpointsLeaveTrafficOnTheService(t *testing.T) {
 	ns := newNamespace(t)
 	mustCreate(t, Service(ns, "web", ServicePort("http", 80, intstr.FromInt32(8080))))
 	mustCreate(t, EndpointSlice(ns, "web-0", "web", []SlicePort{{Name: "http", Port: 8080}},
 		Ready("web-a", IP(99, 1), ""), Ready("web-b", IP(99, 2), "")))
-	mustCreate(t, Optimizer(ns, "web", "web"))
+	mustCreate(t, ingressVS(ns))
+	opt := Optimizer(ns, "web", "web")
+	opt.Spec.GatewayRoutes = []optv1.GatewayRoute{{Kind: optv1.GatewayRouteVirtualService, Name: "web-ingress"}}
+	mustCreate(t, opt)
 	waitCondition(t, ns, "web", "Ready", "True/Reconciled")
 	getVS(t, ns, "web-adaptive")
+	host := "web." + ns + ".adaptive"
+	gatewayTo := func(want string) func() error {
+		return func() error {
+			if h := getVS(t, ns, "web-ingress").Spec.Http[1].Route[0].Destination.Host; h != want {
+				return fmt.Errorf("the gateway route leads to %q, want %q", h, want)
+			}
+			return nil
+		}
+	}
+	eventually(t, waitFor, "the gateway route retargeted", gatewayTo(host))
 
 	// 5 more slices of at most 1000 endpoints (the EndpointSlice limit), no pods.
 	const total = 4500
@@ -712,6 +726,7 @@ func TestTooManyEndpointsLeaveTrafficOnTheService(t *testing.T) {
 	if o.Status.OwnedObjects.VirtualService != "" {
 		t.Errorf("status still names VirtualService %q", o.Status.OwnedObjects.VirtualService)
 	}
+	eventually(t, waitFor, "the gateway route back on the Service", gatewayTo("web"))
 
 	for _, sl := range extra {
 		if err := k8s.Delete(context.Background(), sl); err != nil {
@@ -720,6 +735,7 @@ func TestTooManyEndpointsLeaveTrafficOnTheService(t *testing.T) {
 	}
 	waitCondition(t, ns, "web", "Ready", "True/Reconciled")
 	getVS(t, ns, "web-adaptive")
+	eventually(t, waitFor, "the gateway route retargeted again", gatewayTo(host))
 	if err := k8s.Delete(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
