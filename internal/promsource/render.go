@@ -8,8 +8,16 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
+	"text/template/parse"
 	"time"
 )
+
+// maxRendered bounds what one template may render, in bytes. Backends take
+// queries of kilobytes (DefaultMaxQueryLength) and the pods of the largest
+// Service a ServiceEntry holds render to a few hundred; a template that
+// renders megabytes (printf with a huge width, over and over) is a mistake
+// or an attack on the manager's memory, which every team shares.
+const maxRendered = 4 << 20
 
 // DefaultCPUQuery is the default CPU signal: CPU-seconds per second used by each
 // pod, over the query window, from the kubelet's cAdvisor counters.
@@ -112,7 +120,68 @@ func parseTemplate(tmpl string) (*template.Template, error) {
 	if err != nil {
 		return nil, &TemplateError{Template: tmpl, Err: err}
 	}
+	if err := bounded(parsed); err != nil {
+		return nil, &TemplateError{Template: tmpl, Err: err}
+	}
 	return parsed, nil
+}
+
+// bounded refuses the actions that make a template's work unbounded: range
+// (which counts to any integer) and templates that call templates
+// (define, block, template: recursion). A query template only substitutes
+// the fields above, which needs neither.
+func bounded(t *template.Template) error {
+	if len(t.Templates()) > 1 {
+		return errors.New("define and block are not allowed in a query template")
+	}
+	if t.Tree == nil {
+		return nil
+	}
+	var walk func(n parse.Node) error
+	walk = func(n parse.Node) error {
+		switch n := n.(type) {
+		case *parse.RangeNode:
+			return errors.New("range is not allowed in a query template: it substitutes .Namespace, .Service, .Pods, .Window and .Host")
+		case *parse.TemplateNode:
+			return errors.New("template is not allowed in a query template")
+		case *parse.ListNode:
+			if n == nil {
+				return nil
+			}
+			for _, c := range n.Nodes {
+				if err := walk(c); err != nil {
+					return err
+				}
+			}
+		case *parse.IfNode:
+			return walkBranch(walk, &n.BranchNode)
+		case *parse.WithNode:
+			return walkBranch(walk, &n.BranchNode)
+		}
+		return nil
+	}
+	return walk(t.Tree.Root)
+}
+
+func walkBranch(walk func(parse.Node) error, b *parse.BranchNode) error {
+	if err := walk(b.List); err != nil {
+		return err
+	}
+	if b.ElseList != nil {
+		return walk(b.ElseList)
+	}
+	return nil
+}
+
+// cappedBuffer stops a template's execution once it has rendered
+// maxRendered bytes.
+type cappedBuffer struct{ bytes.Buffer }
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > maxRendered {
+		return 0, fmt.Errorf("the template renders more than %d bytes", maxRendered)
+	}
+	return b.Buffer.Write(p)
 }
 
 func execute(parsed *template.Template, tmpl string, t Target) (string, error) {
@@ -120,7 +189,7 @@ func execute(parsed *template.Template, tmpl string, t Target) (string, error) {
 	if err != nil {
 		return "", &TemplateError{Template: tmpl, Err: err}
 	}
-	var buf bytes.Buffer
+	var buf cappedBuffer
 	if err := parsed.Execute(&buf, data); err != nil {
 		return "", &TemplateError{Template: tmpl, Err: err}
 	}

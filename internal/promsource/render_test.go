@@ -133,6 +133,37 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// A template is validated in every reconcile of its optimizer, in the
+// manager every team shares: one whose work or output has no bound is
+// refused, and the refusal comes at once.
+func TestUnboundedTemplatesAreRefused(t *testing.T) {
+	for name, tmpl := range map[string]string{
+		"range over an integer": `up{pod=~"{{.Pods}}"}{{range 100000000000}}x{{end}}`,
+		"range without output":  `up{pod=~"{{.Pods}}"}{{range 100000000000}}{{end}}`,
+		"range inside if":       `{{if .Pods}}{{range 100000000000}}{{end}}{{end}}up`,
+		"range inside else":     `{{with .Nope}}a{{else}}{{range 100000000000}}{{end}}{{end}}up`,
+		"recursion":             `{{define "a"}}{{template "a" .}}{{template "a" .}}{{end}}{{template "a" .}}`,
+		"block":                 `{{block "b" .}}up{{end}}`,
+		"megabytes of output":   strings.Repeat(`{{printf "%0999999d" 0}}`, 8),
+	} {
+		if err := Validate(tmpl); err == nil {
+			t.Errorf("%s: Validate(%q) = nil, want it refused", name, tmpl)
+		} else if _, ok := err.(*TemplateError); !ok {
+			t.Errorf("%s: Validate = %T %v, want a *TemplateError", name, err, err)
+		}
+	}
+	// What queries need stays allowed.
+	for _, tmpl := range []string{
+		`{{if .Host}}a{{else}}b{{end}}{pod=~"{{.Pods}}"}`,
+		`{{with .Service}}{{.}}{{end}}`,
+		`{{printf "%s" .Namespace}}`,
+	} {
+		if err := Validate(tmpl); err != nil {
+			t.Errorf("Validate(%q) = %v, want it allowed", tmpl, err)
+		}
+	}
+}
+
 func TestFormatDuration(t *testing.T) {
 	for d, want := range map[time.Duration]string{
 		time.Millisecond: "1ms", time.Second: "1s", 30 * time.Second: "30s", 5 * time.Minute: "5m",
