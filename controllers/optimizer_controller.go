@@ -531,6 +531,10 @@ func (r *MirrorReconciler) publish(opt *optv1.IstioAdaptiveRequestOptimizer, res
 }
 
 // finalize removes owned objects in another namespace, then the finalizer.
+// Those are the objects of the Service the spec names and, when the spec
+// was changed to name another Service and no reconcile has retargeted yet,
+// those the status says were written (nothing else would remove them:
+// owner references reach only the optimizer's own namespace).
 func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer) error {
 	key := client.ObjectKeyFromObject(opt)
 	owned := false
@@ -543,6 +547,15 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 		var err error
 		if owned, err = r.deleteOwned(ctx, opt, name); err != nil {
 			return err
+		}
+		if old := opt.Status.OwnedObjects; old.ServiceEntry != "" && (types.NamespacedName{Namespace: old.Namespace, Name: old.ServiceEntry}) != name {
+			oldOwned, err := r.deleteOwned(ctx, opt, types.NamespacedName{Namespace: old.Namespace, Name: old.ServiceEntry})
+			if err != nil {
+				return err
+			}
+			if oldOwned {
+				r.Metrics.ForgetService(old.Namespace, strings.TrimSuffix(old.ServiceEntry, "-adaptive"))
+			}
 		}
 		patch := client.MergeFromWithOptions(opt.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.RemoveFinalizer(opt, Finalizer)

@@ -1,0 +1,60 @@
+package controllers
+
+import (
+	"context"
+	"testing"
+
+	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/metrics"
+)
+
+// An optimizer deleted after its spec was moved to another Service, before
+// a reconcile retargeted it, leaves no routing objects behind: those of the
+// Service its status says it wrote go as well as those its spec names, and
+// nothing of another optimizer's.
+func TestFinalizeRemovesWhatTheStatusSaysWasWritten(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, istionet.AddToScheme, optv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opt := &optv1.IstioAdaptiveRequestOptimizer{ObjectMeta: metav1.ObjectMeta{Namespace: "platform", Name: "web", Finalizers: []string{Finalizer}}}
+	opt.Spec.ServiceName, opt.Spec.ServiceNamespace = "web", "shop-b" // moved from shop-a
+	opt.Status.OwnedObjects = optv1.OwnedObjects{Namespace: "shop-a", ServiceEntry: "web-adaptive", DestinationRule: "web-adaptive", VirtualService: "web-adaptive"}
+	other := &optv1.IstioAdaptiveRequestOptimizer{ObjectMeta: metav1.ObjectMeta{Namespace: "platform", Name: "other"}}
+
+	routing := func(ns string, owner *optv1.IstioAdaptiveRequestOptimizer) []client.Object {
+		meta := func() metav1.ObjectMeta {
+			return metav1.ObjectMeta{Namespace: ns, Name: "web-adaptive", Labels: desired.OwnedLabels(owner)}
+		}
+		return []client.Object{&istionet.ServiceEntry{ObjectMeta: meta()}, &istionet.DestinationRule{ObjectMeta: meta()}, &istionet.VirtualService{ObjectMeta: meta()}}
+	}
+	old, current, others := routing("shop-a", opt), routing("shop-b", opt), routing("shop-c", other)
+	objs := append(append(append([]client.Object{opt}, old...), current...), others...)
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(opt).Build()
+	r := &MirrorReconciler{Client: c, Scheme: scheme, Metrics: metrics.New(), Weights: NewWeightBook()}
+
+	if err := r.finalize(context.Background(), opt); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range append(old, current...) {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(o), o); !apierrors.IsNotFound(err) {
+			t.Errorf("%T %s/%s left behind (get: %v)", o, o.GetNamespace(), o.GetName(), err)
+		}
+	}
+	for _, o := range others {
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(o), o); err != nil {
+			t.Errorf("%T %s/%s of another optimizer: %v", o, o.GetNamespace(), o.GetName(), err)
+		}
+	}
+}
