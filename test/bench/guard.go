@@ -154,18 +154,31 @@ func coldLimit(load float64) float64 {
 	return 1.3
 }
 
-// bestMisses are the scenarios on which the optimizer is known not to come
-// within guardBestRatio of the best static weights, and why: measured and
-// printed, not asserted.
-var bestMisses = map[string]string{
-	"hetero3-20-lowload.yaml": whyMaxRatio,
+// knownMiss is a rule known not to hold on a scenario: why, and the value
+// measured over seeds 1-16 when it was recorded. The rule's own limit is
+// not asserted; a ratchet is: the value may not get worse than the larger
+// of the two by the guard's median slack, so a known miss cannot hide a
+// regression.
+type knownMiss struct {
+	why      string
+	measured float64 // x or ms, as the rule; 0: the rule held when recorded
 }
 
-// baselineMisses are the scenarios on which the optimizer is known to be
-// worse than the baseline (the engine before the four-stage rewrite, on
-// the same simulator), and why: measured and printed, not asserted.
-var baselineMisses = map[string]string{
-	"nolimits-mix1248.yaml": whyMix1248,
+// bound is what the miss's rule, of limit limit, is held to.
+func (k knownMiss) bound(limit float64) float64 { return max(k.measured, limit) * guardMedianSlack }
+
+// bestMisses are the scenarios on which the optimizer is known not to come
+// within guardBestRatio of the best static weights.
+var bestMisses = map[string]knownMiss{
+	"hetero3-20-lowload.yaml": {whyMaxRatio, 1.150},
+}
+
+// baselineMisses are the scenarios on which the optimizer's median p99 is
+// known to be worse than the baseline's +3% (the engine before the
+// four-stage rewrite, on the same simulator); its worst seed is held to the
+// worst-seed rule's limit, with the same ratchet.
+var baselineMisses = map[string]knownMiss{
+	"nolimits-mix1248.yaml": {whyMix1248, 60.4},
 }
 
 // whyMix1248: the miss is measured over seeds 1-16 (make bench-guard); the
@@ -181,9 +194,18 @@ type GuardCheck struct {
 	Value, Limit   float64
 	Unit           string // "x" or "ms"
 	Miss           string // known not to hold: why
+	// MissBound is what a known miss is held to instead of Limit
+	// (knownMiss.bound).
+	MissBound float64
 }
 
 func (g GuardCheck) Holds() bool { return g.Value <= g.Limit }
+
+// Fails reports whether the guard fails on g: it does not hold, and it is
+// not a known miss within its ratchet.
+func (g GuardCheck) Fails() bool {
+	return !g.Holds() && (g.Miss == "" || g.Value > g.MissBound)
+}
 
 func (g GuardCheck) format(v float64) string {
 	if g.Unit == "ms" {
@@ -268,7 +290,7 @@ func guardChecks(m *Matrix, base *Baseline) ([]GuardCheck, error) {
 		} else {
 			best := m.values(f, p99Of("oracle_best"))
 			out = append(out, GuardCheck{Rule: "optimizer median p99 / oracle_best median p99", Scenario: f,
-				Value: medianOf(opt) / medianOf(best), Limit: guardBestRatio, Unit: "x", Miss: bestMisses[f]})
+				Value: medianOf(opt) / medianOf(best), Limit: guardBestRatio, Unit: "x", Miss: bestMisses[f].why, MissBound: bestMisses[f].bound(guardBestRatio)})
 		}
 		if base == nil || isCold(f) {
 			continue
@@ -281,11 +303,13 @@ func guardChecks(m *Matrix, base *Baseline) ([]GuardCheck, error) {
 			}
 			was = append(was, v)
 		}
+		miss := baselineMisses[f]
+		medianLimit, worstLimit := guardMedianSlack*medianOf(was), guardWorstSlack*worstOf(was)
 		out = append(out,
 			GuardCheck{Rule: "optimizer median p99 against the baseline's +3%", Scenario: f,
-				Value: medianOf(opt), Limit: guardMedianSlack * medianOf(was), Unit: "ms", Miss: baselineMisses[f]},
+				Value: medianOf(opt), Limit: medianLimit, Unit: "ms", Miss: miss.why, MissBound: miss.bound(medianLimit)},
 			GuardCheck{Rule: "optimizer worst-seed p99 against the baseline's +10%", Scenario: f,
-				Value: worstOf(opt), Limit: guardWorstSlack * worstOf(was), Unit: "ms", Miss: baselineMisses[f]})
+				Value: worstOf(opt), Limit: worstLimit, Unit: "ms", Miss: miss.why, MissBound: knownMiss{why: miss.why}.bound(worstLimit)})
 	}
 	return out, nil
 }
@@ -378,9 +402,12 @@ func writeGuard(w io.Writer, checks []GuardCheck, targets []TargetResult) {
 					reasons = append(reasons, g.Miss)
 					k = len(reasons) - 1
 				}
-				v = fmt.Sprintf("known miss (%d)", k+1)
-				if g.Holds() {
+				v = fmt.Sprintf("known miss (%d), held to %s", k+1, g.format(g.MissBound))
+				switch {
+				case g.Holds():
 					v = fmt.Sprintf("yes, a known miss (%d)", k+1)
+				case g.Fails():
+					v = fmt.Sprintf("no: known miss (%d) past its bound %s", k+1, g.format(g.MissBound))
 				}
 			}
 			limit := ""
