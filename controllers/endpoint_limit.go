@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
@@ -22,6 +24,28 @@ import (
 // nothing learned is lost when the Service shrinks back; then the routes
 // are written and retargeted again. Reports whether it deleted our
 // VirtualService.
+// followPods keeps a Stalled optimizer's live ServiceEntry on the ready
+// pods (desired.FollowPods): the stall leaves the route to the optimized
+// host in place, and without this the ServiceEntry behind it would keep
+// the addresses of pods that are gone. Only its endpoints are patched.
+func (r *MirrorReconciler) followPods(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, s Settings, res desired.Result, live liveObjects) error {
+	eps, ok := desired.FollowPods(live.se, res, live.se != nil && desired.IsOwnedBy(live.se, opt))
+	if !ok {
+		return nil
+	}
+	se := live.se.DeepCopy()
+	patch := client.MergeFrom(live.se.DeepCopy())
+	se.Spec.Endpoints = eps
+	if err := r.Client.Patch(ctx, se, patch, client.FieldOwner(FieldManager)); err != nil {
+		return fmt.Errorf("follow the pods in ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
+	}
+	r.Metrics.Writes.WithLabelValues(res.Namespace, opt.Spec.ServiceName, "ServiceEntry").Inc()
+	r.Recorder.Eventf(opt, se, corev1.EventTypeNormal, "FollowedPods", "Patch",
+		"Stalled, but ServiceEntry %s/%s follows the ready pods (%d endpoints), so the route left in place leads to live pods", se.Namespace, se.Name, len(eps))
+	r.Weights.Applied(client.ObjectKeyFromObject(opt), s.Params, r.Clock.Now(), res.Endpoints)
+	return nil
+}
+
 func (r *MirrorReconciler) leaveTrafficOnService(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, p desired.Problem, live liveObjects) (bool, error) {
 	if p.Reason != desired.ReasonTooManyEndpoints && p.Reason != desired.ReasonMultiCluster {
 		return false, nil

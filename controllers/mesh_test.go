@@ -9,6 +9,7 @@ import (
 	networking "istio.io/api/networking/v1alpha3"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -61,7 +62,9 @@ func TestNamespaceEnrolledInAmbientLater(t *testing.T) {
 // TestUserDestinationRuleWatched: a DestinationRule the user creates for the
 // Service after opting in (short host name) reaches the optimizer through
 // the DestinationRule watch: its policy appears on the owned rule, and a
-// later subset stalls the optimizer.
+// later subset stalls the optimizer. The stall leaves the route in place,
+// and the ServiceEntry behind it keeps following the pods through a
+// rollout.
 func TestUserDestinationRuleWatched(t *testing.T) {
 	ns := newNamespace(t)
 	mustCreate(t, Service(ns, "web", ServicePort("http", 80, intstr.FromInt32(8080))))
@@ -90,5 +93,15 @@ func TestUserDestinationRuleWatched(t *testing.T) {
 	update(t, dr, func(d *istionet.DestinationRule) {
 		d.Spec.Subsets = []*networking.Subset{{Name: "v1", Labels: map[string]string{"v": "1"}}}
 	})
+	waitMeshCondition(t, ns, optv1.ConditionStalled, metav1.ConditionTrue, "UserDestinationRuleNotCarried")
+
+	// A rollout during the stall: web-0 replaced by web-2.
+	mustCreate(t, Pod(ns, "web-2", "web", "", WithSidecar()))
+	if err := k8s.Delete(t.Context(), named(&discoveryv1.EndpointSlice{}, ns, "web-1")); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, EndpointSlice(ns, "web-2", "web", []SlicePort{{Name: "http", Port: 8080}}, Ready("web-2", IP(30, 3), "")))
+	mustEventuallySE(t, ns, wantAddrs(IP(30, 3)))
+	getVS(t, ns, "web-adaptive")
 	waitMeshCondition(t, ns, optv1.ConditionStalled, metav1.ConditionTrue, "UserDestinationRuleNotCarried")
 }

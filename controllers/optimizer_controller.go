@@ -230,6 +230,10 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 			} else if deleted {
 				st.owned.VirtualService = ""
 			}
+			if err := r.followPods(ctx, opt, settings, res, live); err != nil {
+				st.failed("ApplyFailed", err.Error())
+				return ctrl.Result{}, err
+			}
 			st.stalled(p.Reason, p.Message)
 			r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, p.Reason, "Reconcile", "%s", p.Message)
 			return ctrl.Result{}, nil

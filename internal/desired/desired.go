@@ -9,6 +9,7 @@ package desired
 
 import (
 	"fmt"
+	"slices"
 
 	networking "istio.io/api/networking/v1alpha3"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
@@ -137,6 +138,11 @@ type Result struct {
 	// CarriedDestinationRule names (namespace/name) the user's
 	// DestinationRule whose traffic policy the owned one carries.
 	CarriedDestinationRule string
+	// StalledEndpoints are the ServiceEntry's endpoints as the ready pods
+	// are now, when a Fatal problem leaves the pods readable (a mesh
+	// setting or the user's DestinationRule, not the Service, its ports or
+	// the host): see FollowPods. Nil otherwise.
+	StalledEndpoints []*networking.WorkloadEntry
 }
 
 // ObjectName is the name of the objects owned for a Service.
@@ -191,9 +197,6 @@ func Compute(in Input) Result {
 	}
 	mp := meshProblems(in, &r)
 	r.Problems = append(r.Problems, mp...)
-	if anyFatal(mp) {
-		return r
-	}
 
 	labels := OwnedLabels(opt)
 	r.LoadBalancer = LoadBalancer(opt.Spec.LoadBalancer, in.WeightsLearned)
@@ -210,11 +213,27 @@ func Compute(in Input) Result {
 	}
 	scope(&r)
 	bindWaypoint(in, &r)
+	if anyFatal(mp) {
+		r.stall()
+		if slices.ContainsFunc(mp, func(p Problem) bool { return p.Reason == ReasonMultiCluster }) {
+			// The ServiceEntry cannot hold the other clusters' pods: no
+			// route is left to it (MultiClusterEndpointsNotMirrored).
+			r.StalledEndpoints = nil
+		}
+		return r
+	}
 	if p := carryUserDestinationRule(in, &r); len(p) > 0 {
 		r.Problems = append(r.Problems, p...)
-		r.ServiceEntry, r.DestinationRule, r.VirtualService = nil, nil, nil
+		r.stall()
 	}
 	return r
+}
+
+// stall drops the objects of a Result with a Fatal problem, keeping the
+// ServiceEntry's endpoints as StalledEndpoints.
+func (r *Result) stall() {
+	r.StalledEndpoints = r.ServiceEntry.Spec.Endpoints
+	r.ServiceEntry, r.DestinationRule, r.VirtualService = nil, nil, nil
 }
 
 // OwnedLabels are put on every owned object; they map events back to the optimizer.
