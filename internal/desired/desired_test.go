@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	networking "istio.io/api/networking/v1alpha3"
@@ -1364,6 +1365,19 @@ func fuzzInput(data []byte) Input {
 			}
 		}
 	}
+	// Stalls that leave the pods readable, and one that does not.
+	switch r.intn(8) {
+	case 1:
+		in.Mesh.DestinationRules = []*istionet.DestinationRule{userDR("web-dr", time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), func(d *istionet.DestinationRule) {
+			d.Spec.Subsets = []*networking.Subset{{Name: "v1"}}
+		})}
+	case 2:
+		if in.Service != nil {
+			in.Service.Annotations = map[string]string{AnnotationExportTo: "~"}
+		}
+	case 3:
+		in.Mesh.MultiCluster.RemoteClusters = []string{"east"}
+	}
 	return in
 }
 
@@ -1437,6 +1451,32 @@ func FuzzCompute(f *testing.F) {
 		fatal := hasFatal(r.Problems)
 		if fatal != (r.ServiceEntry == nil) || fatal != (r.DestinationRule == nil) {
 			t.Fatalf("fatal %v but ServiceEntry %v DestinationRule %v", fatal, r.ServiceEntry != nil, r.DestinationRule != nil)
+		}
+		// A stall keeps the pods' endpoints only where they are all there
+		// and the ServiceEntry could hold them: every one is a ready pod's,
+		// with a weight, over ports that exist.
+		if len(r.StalledEndpoints) > 0 {
+			rs := reasons(r.Problems)
+			if !fatal || slices.Contains(rs, ReasonTooManyEndpoints) || slices.Contains(rs, ReasonMultiCluster) || len(r.Ports) == 0 {
+				t.Fatalf("stalled endpoints with problems %v and %d ports", rs, len(r.Ports))
+			}
+			if len(r.StalledEndpoints) != len(r.Endpoints) {
+				t.Fatalf("%d stalled endpoints for %d ready pods", len(r.StalledEndpoints), len(r.Endpoints))
+			}
+			names := map[string]bool{}
+			for _, p := range r.Ports {
+				names[p.Name] = true
+			}
+			for i, we := range r.StalledEndpoints {
+				if we.Address != r.Endpoints[i].Address || we.Weight < 1 {
+					t.Fatalf("stalled endpoint %d: %s weight %d, pod %s", i, we.Address, we.Weight, r.Endpoints[i].Address)
+				}
+				for name := range we.Ports {
+					if !names[name] {
+						t.Fatalf("stalled endpoint %s overrides unknown port %s", we.Address, name)
+					}
+				}
+			}
 		}
 		if fatal {
 			return
