@@ -43,6 +43,18 @@ func (r *MirrorReconciler) persistLearned(ctx context.Context, opt *optv1.IstioA
 	if !ok {
 		return nil
 	}
+	if err := r.writeLearned(ctx, opt, s); err != nil {
+		return err
+	}
+	r.Weights.Persisted(key, s)
+	return nil
+}
+
+// writeLearned patches s into the optimizer's annotation. The patch answers
+// with the stored object, whose status is the one before this reconcile:
+// what the reconcile has put in opt.Status so far (coverage, gateway and
+// mesh routes) is kept for its status write.
+func (r *MirrorReconciler) writeLearned(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, s weights.Snapshot) error {
 	raw, err := json.Marshal(s)
 	if err != nil {
 		return fmt.Errorf("encode learned state: %w", err)
@@ -52,9 +64,10 @@ func (r *MirrorReconciler) persistLearned(ctx context.Context, opt *optv1.IstioA
 		opt.Annotations = map[string]string{}
 	}
 	opt.Annotations[AnnotationLearnedState] = string(raw)
+	status := opt.Status.DeepCopy()
 	if err := r.Client.Patch(ctx, opt, patch); err != nil {
 		return fmt.Errorf("persist learned state: %w", err)
 	}
-	r.Weights.Persisted(key, s)
+	opt.Status = *status
 	return nil
 }

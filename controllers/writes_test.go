@@ -14,6 +14,7 @@ import (
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
 
@@ -56,5 +57,42 @@ func TestFinalizeRemovesWhatTheStatusSaysWasWritten(t *testing.T) {
 		if err := c.Get(context.Background(), client.ObjectKeyFromObject(o), o); err != nil {
 			t.Errorf("%T %s/%s of another optimizer: %v", o, o.GetNamespace(), o.GetName(), err)
 		}
+	}
+}
+
+// Persisting the learned state patches one annotation; what the reconcile
+// has already put in the status (here the coverage) stays for its status
+// write, though the patch answers with the status stored before.
+func TestLearnedStateKeepsTheReconcilesStatus(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, istionet.AddToScheme, optv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opt := &optv1.IstioAdaptiveRequestOptimizer{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}}
+	opt.Spec.ServiceName = "web"
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(opt).WithStatusSubresource(opt).Build()
+	r := &MirrorReconciler{Client: c, Scheme: scheme}
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(opt), opt); err != nil {
+		t.Fatal(err)
+	}
+	opt.Status.Coverage = &optv1.TrafficCoverage{Message: "measured in this reconcile"}
+	snap := weights.Snapshot{Noise: 0.05, NoiseCycles: 12, CycleSeconds: 30}
+	if err := r.writeLearned(context.Background(), opt, snap); err != nil {
+		t.Fatal(err)
+	}
+	if opt.Status.Coverage == nil || opt.Status.Coverage.Message != "measured in this reconcile" {
+		t.Errorf("the reconcile's coverage is gone after the patch: %+v", opt.Status.Coverage)
+	}
+	stored := &optv1.IstioAdaptiveRequestOptimizer{}
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(opt), stored); err != nil {
+		t.Fatal(err)
+	}
+	if got := learnedSnapshot(stored); got != snap {
+		t.Errorf("stored learned state %+v, want %+v", got, snap)
+	}
+	if stored.ResourceVersion != opt.ResourceVersion {
+		t.Errorf("resourceVersion %s in hand, %s stored: the status write would conflict", opt.ResourceVersion, stored.ResourceVersion)
 	}
 }
