@@ -3,6 +3,7 @@ package promsource
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,9 +251,14 @@ func partsAtFault(err error) bool {
 	case errors.As(err, &unreachable), errors.As(err, &cred):
 		return false
 	case errors.As(err, &server):
-		// 5xx other than a query's own evaluation failure is the
-		// backend's trouble (overloaded, restarting): the same for each.
-		return server.StatusCode/100 == 4 || server.Type == "execution" || server.Type == "bad_data"
+		// Only a query the backend could not parse or evaluate (400, 422,
+		// or Prometheus' bad_data and execution errors) is a part's fault.
+		// Refused credentials (401, 403), a wrong path prefix (404), a
+		// proxy (407), throttling (429) and 5xx (overloaded, restarting)
+		// fail every part alike: sending the parts apart would only
+		// multiply the requests to a backend in trouble.
+		return server.StatusCode == http.StatusBadRequest || server.StatusCode == http.StatusUnprocessableEntity ||
+			server.Type == "execution" || server.Type == "bad_data"
 	}
 	return true
 }
@@ -262,15 +268,17 @@ func partsAtFault(err error) bool {
 func (s *Source) sendApart(ctx context.Context, req partRequest, parts []Part, now time.Time) answer {
 	a := answer{byPiece: make([]answer, len(req.pieces))}
 	var guilty []string
+	allWorked := true
 	for k, pc := range req.pieces {
 		pa := s.send(ctx, pc.query, now)
 		a.byPiece[k] = pa
 		a.warnings = append(a.warnings, pa.warnings...)
+		allWorked = allWorked && pa.err == nil
 		if pa.err != nil && partsAtFault(pa.err) {
 			guilty = append(guilty, parts[pc.part].Template)
 		}
 	}
-	if len(guilty) == 0 {
+	if len(guilty) == 0 && allWorked {
 		// Each works alone, together they do not: any of the
 		// templates outside the defaults may be the cause.
 		for _, pc := range req.pieces {

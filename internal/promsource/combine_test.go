@@ -234,6 +234,41 @@ func TestQueryPartsABrokenPartFailsAlone(t *testing.T) {
 	}
 }
 
+// A backend that refuses the credentials, is behind a wrong path prefix or
+// throttles fails every part alike: one request, no part sent again apart,
+// and no template marked to go alone from then on.
+func TestBackendTroubleIsNoPartsFault(t *testing.T) {
+	for _, code := range []int{http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusProxyAuthRequired, http.StatusTooManyRequests} {
+		t.Run(http.StatusText(code), func(t *testing.T) {
+			var mu sync.Mutex
+			requests := 0
+			srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				requests++
+				mu.Unlock()
+				fixed(code, `{"status":"error","errorType":"unauthorized","error":"no"}`)(w, r)
+			}))
+			s := newSource(t, Config{URL: srv.URL})
+			custom := Part{Template: `sum by (pod) (custom_metric{pod=~"{{.Pods}}"})`, Target: testTarget}
+			parts := []Part{part("cpu", "web-0"), part("latency", "web-0"), custom}
+			for i, r := range s.QueryParts(t.Context(), parts, testNow) {
+				if r.Err == nil {
+					t.Errorf("part %d answered with the backend refusing", i)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			// client_golang tries GET after a POST refused with 403.
+			if want := map[bool]int{true: 2, false: 1}[code == http.StatusForbidden]; requests != want {
+				t.Errorf("%d requests, want %d (the combined one)", requests, want)
+			}
+			if s.alone.has(custom.Template) {
+				t.Error("the custom template is sent alone from now on")
+			}
+		})
+	}
+}
+
 // The default templates are never sent alone, whatever broke a request
 // they were in: they are known to combine.
 func TestDefaultTemplatesAlwaysCombine(t *testing.T) {

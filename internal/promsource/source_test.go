@@ -212,6 +212,43 @@ func TestQueryFallsBackToGET(t *testing.T) {
 	}
 }
 
+// A backend that redirects to another host (a login page, another virtual
+// host) does not get the credentials and headers sent on: they are the
+// backend's own.
+func TestCredentialsStayWithTheBackend(t *testing.T) {
+	type seen struct{ auth, org, key string }
+	var mu sync.Mutex
+	got := map[string]seen{}
+	record := func(name string, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		got[name] = seen{r.Header.Get("Authorization"), r.Header.Get("X-Scope-OrgID"), r.Header.Get("X-Api-Key")}
+	}
+	other := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		record("other", r)
+		fixed(200, vectorBody("a", "1"))(w, r)
+	}))
+	front := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		record("front", r)
+		http.Redirect(w, r, other.URL+r.URL.RequestURI(), http.StatusTemporaryRedirect)
+	}))
+	keyFile := filepath.Join(t.TempDir(), "key")
+	writeFile(t, keyFile, "k3y")
+	s := newSource(t, Config{URL: front.URL, BearerToken: "s3cret", Headers: map[string]string{"X-Scope-OrgID": "tenant-1"},
+		FileCredentials: FileCredentials{HeaderFiles: map[string]string{"X-Api-Key": keyFile}}})
+	if _, err := query(t, s); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if g := got["front"]; g != (seen{"Bearer s3cret", "tenant-1", "k3y"}) {
+		t.Errorf("the backend saw %+v, want its credentials", g)
+	}
+	if g, ok := got["other"]; !ok || g != (seen{}) {
+		t.Errorf("the host redirected to saw %+v (reached %v), want no credentials", g, ok)
+	}
+}
+
 func TestQueryHeadersAndBearerToken(t *testing.T) {
 	type seen struct{ auth, org, custom string }
 	var mu sync.Mutex

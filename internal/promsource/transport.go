@@ -109,7 +109,12 @@ func newTransport(cfg Config) (*authTransport, error) {
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("metrics URL: %w", err)
+	}
 	return &authTransport{
+		host:      u.Host,
 		base:      base,
 		headers:   headers,
 		token:     cfg.BearerToken,
@@ -126,7 +131,11 @@ func checkFileCredentials(cfg Config, headers http.Header) error {
 		if f.BasicAuthUsername == "" || f.BasicAuthPasswordFile == "" {
 			return errors.New("basic auth needs both a username and a password file")
 		}
-		if cfg.BearerToken != "" || cfg.BearerTokenFile != "" || headers.Get("Authorization") != "" || f.HeaderFiles["Authorization"] != "" {
+		authFile := false
+		for name := range f.HeaderFiles {
+			authFile = authFile || http.CanonicalHeaderKey(name) == "Authorization"
+		}
+		if cfg.BearerToken != "" || cfg.BearerTokenFile != "" || headers.Get("Authorization") != "" || authFile {
 			return errors.New("basic auth and a bearer token or Authorization header are mutually exclusive")
 		}
 		if u, err := url.Parse(cfg.URL); err == nil && u.User != nil {
@@ -155,6 +164,9 @@ func checkFileCredentials(cfg Config, headers http.Header) error {
 
 // authTransport adds credentials and headers to each request.
 type authTransport struct {
+	// host is the backend's (host:port of the metrics URL): credentials
+	// and headers go to it only.
+	host      string
 	base      *http.Transport
 	headers   http.Header
 	token     string
@@ -188,6 +200,12 @@ func (t *authTransport) fileHeaders() (http.Header, error) {
 }
 
 func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Host != t.host {
+		// A redirect to another host (a login page, another virtual
+		// host): the backend's credentials and headers are not sent
+		// there, as Go's client itself drops Authorization across hosts.
+		return t.base.RoundTrip(req)
+	}
 	token := t.token
 	if t.tokenFile != "" {
 		// Read on every request (one per optimizer per cycle): rotated tokens,

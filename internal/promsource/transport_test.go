@@ -77,6 +77,7 @@ func TestFileCredentialsRejectBadConfig(t *testing.T) {
 		"header as value and file": {URL: "http://h", Headers: map[string]string{"X-Key": "v"}, FileCredentials: FileCredentials{HeaderFiles: map[string]string{"x-key": pw}}},
 		"bad header name":          {URL: "http://h", FileCredentials: FileCredentials{HeaderFiles: map[string]string{"X Key": pw}}},
 		"token and auth file":      {URL: "http://h", BearerToken: "t", FileCredentials: FileCredentials{HeaderFiles: map[string]string{"authorization": pw}}},
+		"basic auth and auth file": {URL: "http://h", FileCredentials: FileCredentials{BasicAuthUsername: "u", BasicAuthPasswordFile: pw, HeaderFiles: map[string]string{"authorization": pw}}},
 	} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("%s: New succeeded, want an error", name)
