@@ -6,6 +6,7 @@
 package chart
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -186,8 +187,16 @@ var flagsWithoutValue = map[string]string{
 // flag the binary does not have (the pod would crash-loop).
 func TestChartCoversManagerFlags(t *testing.T) {
 	root := repoRoot(t)
-	flags := managerFlags(t, root)
+	flags, bin := managerFlags(t, root)
 	all := helmTemplate(t, root, releaseNamespace, allOptions)
+	// Every value the chart renders parses as the manager's flag: numbers
+	// from a values file are floats to Helm, and 33554432 rendered as
+	// 3.3554432e+07 is no int flag (the pod would crash-loop). -h at the end
+	// stops the manager after the arguments are parsed.
+	args := append(containerArgs(managerContainer(t, all)), "-h")
+	if out, _ := exec.CommandContext(t.Context(), bin, args...).CombinedOutput(); bytes.Contains(out, []byte("invalid value")) || bytes.Contains(out, []byte("invalid boolean")) {
+		t.Errorf("the manager refuses the arguments the chart renders from %s:\n%s", allOptions, firstLines(out, 3))
+	}
 	valuesData, err := os.ReadFile(filepath.Join(root, allOptions))
 	if err != nil {
 		t.Fatal(err)

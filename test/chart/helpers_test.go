@@ -176,8 +176,9 @@ func containerArgs(c map[string]any) []string {
 	return args
 }
 
-// managerFlags lists the flags the manager binary defines, from its usage.
-func managerFlags(t *testing.T, root string) map[string]bool {
+// managerFlags lists the flags the manager binary defines, from its usage,
+// and returns the binary.
+func managerFlags(t *testing.T, root string) (map[string]bool, string) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "manager")
 	run(t, root, "go", "build", "-o", bin, "./cmd")
@@ -191,7 +192,7 @@ func managerFlags(t *testing.T, root string) map[string]bool {
 	if !flags["prometheus-url"] || !flags["leader-elect"] {
 		t.Fatalf("could not read the manager's flags from its usage:\n%s", help)
 	}
-	return flags
+	return flags, bin
 }
 
 func toJSON(v any) string {
@@ -210,4 +211,10 @@ func keys[V any](m map[string]V) []string {
 
 func describe(o *unstructured.Unstructured) string {
 	return fmt.Sprintf("%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
+}
+
+// firstLines returns the first n lines of out.
+func firstLines(out []byte, n int) string {
+	lines := strings.SplitN(string(out), "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
