@@ -60,8 +60,12 @@ type lookBatch struct {
 	at       time.Time
 	expected map[types.NamespacedName]bool
 	joined   map[types.NamespacedName]lookRequest
-	// done is closed when answers is set.
-	done    chan struct{}
+
+	mu sync.Mutex
+	// ready[key] is closed once answers[key] is set: each look gets its
+	// answer as soon as its own template's query returns, whatever the
+	// other templates of the batch take.
+	ready   map[types.NamespacedName]chan struct{}
 	answers map[types.NamespacedName]promsource.PartResult
 }
 
@@ -71,7 +75,8 @@ func (b *lookBatches) batch(t time.Time) *lookBatch {
 	}
 	lb := b.at[t]
 	if lb == nil {
-		lb = &lookBatch{at: t, expected: map[types.NamespacedName]bool{}, joined: map[types.NamespacedName]lookRequest{}, done: make(chan struct{})}
+		lb = &lookBatch{at: t, expected: map[types.NamespacedName]bool{}, joined: map[types.NamespacedName]lookRequest{},
+			ready: map[types.NamespacedName]chan struct{}{}, answers: map[types.NamespacedName]promsource.PartResult{}}
 		b.at[t] = lb
 	}
 	return lb
@@ -113,6 +118,11 @@ func (b *lookBatches) join(t time.Time, key types.NamespacedName, req lookReques
 	lb := b.batch(t)
 	lb.expected[key] = true
 	lb.joined[key] = req
+	lb.mu.Lock()
+	if lb.ready[key] == nil {
+		lb.ready[key] = make(chan struct{})
+	}
+	lb.mu.Unlock()
 	ready := b.readyLocked(lb)
 	b.mu.Unlock()
 	if ready {
@@ -138,14 +148,27 @@ func (b *lookBatches) readyLocked(lb *lookBatch) bool {
 	return true
 }
 
-// answer waits for key's answer in the batch, or ctx.
+// answer waits for key's answer in the batch (key has joined it), or ctx.
 func (lb *lookBatch) answer(ctx context.Context, key types.NamespacedName) (promsource.PartResult, bool) {
+	lb.mu.Lock()
+	ready := lb.ready[key]
+	lb.mu.Unlock()
 	select {
-	case <-lb.done:
+	case <-ready:
+		lb.mu.Lock()
+		defer lb.mu.Unlock()
 		return lb.answers[key], true
 	case <-ctx.Done():
 		return promsource.PartResult{}, false
 	}
+}
+
+// deliver gives key its answer.
+func (lb *lookBatch) deliver(key types.NamespacedName, r promsource.PartResult) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	lb.answers[key] = r
+	close(lb.ready[key])
 }
 
 // runLookBatch answers every look of a batch, evaluated at its instant.
@@ -162,8 +185,7 @@ func (l *WeightLoop) runLookBatch(lb *lookBatch) {
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	lb.answers = l.answerLooks(ctx, lb.joined, lb.at)
-	close(lb.done)
+	l.answerLooks(ctx, lb.joined, lb.at, lb.deliver)
 }
 
 // loopContext is the loop's context (Start's), or Background before Start.
@@ -176,11 +198,12 @@ func (l *WeightLoop) loopContext() context.Context {
 	return context.Background()
 }
 
-// answerLooks queries the looks at now and gives each its answer. The
-// looks with the same template run in one call (planLooks); different
-// templates, which are different teams' queries, never share a request, so
-// one team's slow or broken query delays or fails only its own looks.
-func (l *WeightLoop) answerLooks(ctx context.Context, reqs map[types.NamespacedName]lookRequest, now time.Time) map[types.NamespacedName]promsource.PartResult {
+// answerLooks queries the looks at now and delivers each its answer as soon
+// as its query returns. The looks with the same template run in one call
+// (planLooks); different templates, which are different teams' queries,
+// never share a request and run at once, so one team's slow or broken
+// query delays or fails only its own looks.
+func (l *WeightLoop) answerLooks(ctx context.Context, reqs map[types.NamespacedName]lookRequest, now time.Time, deliver func(types.NamespacedName, promsource.PartResult)) {
 	byTmpl := map[string]map[types.NamespacedName]lookRequest{}
 	for k, r := range reqs {
 		if byTmpl[r.tmpl] == nil {
@@ -188,22 +211,18 @@ func (l *WeightLoop) answerLooks(ctx context.Context, reqs map[types.NamespacedN
 		}
 		byTmpl[r.tmpl][k] = r
 	}
-	out := make(map[types.NamespacedName]promsource.PartResult, len(reqs))
-	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, group := range byTmpl {
 		wg.Go(func() {
 			parts, of := planLooks(group)
 			got := l.queryParts(ctx, parts, now, false)
-			mu.Lock()
-			defer mu.Unlock()
 			for k, r := range group {
-				out[k] = lookAnswer(got[of[k]], r.target.Pods)
+				deliver(k, lookAnswer(got[of[k]], r.target.Pods))
 			}
 		})
 	}
+	// The batch's context (its timeout) lives until the last query is done.
 	wg.Wait()
-	return out
 }
 
 // planLooks merges looks into as few parts as they allow: the looks of one

@@ -243,3 +243,41 @@ func TestLookBatchRunsWhenAllExpectedAreIn(t *testing.T) {
 		t.Errorf("%d batches kept, want none", len(b.at))
 	}
 }
+
+// hangingSource answers the template "fast" at once and blocks on any
+// other until the query's context ends.
+type hangingSource struct{}
+
+func (hangingSource) Query(ctx context.Context, tmpl string, t promsource.Target, _ time.Time) (promsource.Result, error) {
+	if tmpl != "fast" {
+		<-ctx.Done()
+		return promsource.Result{}, ctx.Err()
+	}
+	v := map[string]float64{}
+	for _, p := range t.Pods {
+		v[p] = 0.01
+	}
+	return promsource.Result{Query: tmpl, Values: v}, nil
+}
+
+// Two teams' looks at one instant, one of whose backends hangs: the other
+// gets its answer as soon as its own query returns, not when the batch's
+// slowest query gives up.
+func TestALookIsNotHeldByAnotherTeamsSlowQuery(t *testing.T) {
+	l := &WeightLoop{Source: hangingSource{}, Metrics: metrics.New()}
+	at := time.Unix(1_700_000_000, 0)
+	fast, slow := types.NamespacedName{Namespace: "a", Name: "fast"}, types.NamespacedName{Namespace: "b", Name: "slow"}
+	l.looks.expect(at, fast)
+	l.looks.expect(at, slow)
+	target := func(ns string) promsource.Target {
+		return promsource.Target{Namespace: ns, Service: "web", Pods: []string{"web-0"}, Window: 30 * time.Second}
+	}
+	lb := l.looks.join(at, fast, lookRequest{tmpl: "fast", target: target("a"), timeout: 10 * time.Second}, l.runLookBatch)
+	l.looks.join(at, slow, lookRequest{tmpl: "slow", target: target("b"), timeout: 10 * time.Second}, l.runLookBatch)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	got, ok := lb.answer(ctx, fast)
+	if !ok || got.Err != nil || got.Result.Values["web-0"] != 0.01 {
+		t.Fatalf("the fast look: answered %v, %+v: want its answer before the slow query's timeout", ok, got)
+	}
+}
