@@ -204,8 +204,9 @@ type Policy struct {
 	// cpuAtLimit: since learning, a pod reached its CPU limit while the
 	// speeds came from CPU alone (see ReasonCPUAtLimit).
 	cpuAtLimit bool
-	// restarted: the engine was seeded with the live weights (a restart),
-	// which an earlier manager learned.
+	// restarted: the engine was seeded with the live weights as settled (a
+	// restart whose live weights an earlier manager learned, with its
+	// learned state).
 	restarted bool
 	// persisted is the snapshot the optimizer carries (the one OptIn was
 	// given, then each one Persisted); invalid: none.
@@ -266,7 +267,6 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 		}
 	}
 	restart := len(seed) > 0
-	p.restarted = restart
 	if snap.Valid() {
 		p.persisted = snap
 	}
@@ -286,6 +286,7 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 	switch {
 	case restart && snap.Valid() && verdict:
 		p.eng.SeedSettled(now, seed, snap)
+		p.restarted = true
 	case restart:
 		p.eng.Restore(snap)
 		p.eng.Seed(now, seed)
@@ -442,9 +443,12 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 	case weights.SpeedsFromCPU:
 		// Before learning, a pod at its limit is the opt-in's own
 		// overload (equal weights on unlike pods), which the weights
-		// are there to mend; after a restart the live weights were
-		// learned, and a pod at its limit under them counts at once (a
+		// are there to mend; after a restart that took the live weights
+		// as learned, a pod at its limit under them counts at once (a
 		// restart does not switch the mesh back and forth either).
+		// Live weights taken only as a start (the manager before was
+		// still learning; equal weights written without the engine, as
+		// in a dry run) count as not learned.
 		if _, hot := weights.Has(d.Result.Reasons, weights.ReasonSaturated); hot && (p.learned || p.restarted) {
 			p.cpuAtLimit = true
 		}

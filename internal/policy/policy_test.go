@@ -427,6 +427,42 @@ func TestRestartOnCPUAloneWithAPodAtItsLimitKeepsLeastRequest(t *testing.T) {
 	}
 }
 
+// Live weights that nobody learned are only a start: equal weights the
+// mirror wrote without the engine (a dry run's first opt-in: no
+// DestinationRule yet, no learned state), or a restart while the manager
+// before was still learning. A pod at its limit under them on CPU alone is
+// the equal weights' own overload, not a reason to keep LEAST_REQUEST for
+// good: the policy learns and goes to ROUND_ROBIN.
+func TestUnlearnedLiveWeightsDoNotLatchCPUAtLimit(t *testing.T) {
+	old, now := learned(t, config())
+	equal := map[string]uint32{}
+	for _, pod := range fleet() {
+		equal[pod.Name] = 1000
+	}
+	for name, seed := range map[string]struct {
+		live map[string]uint32
+		lb   weights.Balancer
+		why  Reason
+		snap weights.Snapshot
+	}{
+		"equal weights, no DestinationRule, no learned state": {live: equal},
+		"the manager before was still learning":               {live: equal, lb: weights.BalancerLeastRequest, why: ReasonLearning, snap: old.Snapshot()},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := New(config())
+			p.OptIn(now, fleet(), seed.live, seed.lb, seed.why, seed.snap)
+			if d := p.Cycle(now, cpuOnly("web-1"), fleet()); d.Why == ReasonCPUAtLimit {
+				t.Fatalf("first cycle, a pod at its limit under unlearned weights: %s (%s), want no CPUAtLimit", d.Balancer, d.Why)
+			}
+			p.Applied(now, p.Weights(now, fleet()))
+			runUntil(t, p, now.Add(10*time.Minute), func(time.Time) weights.Observation { return cpuOnly("") })
+			if lb, why := p.Balancer(); lb != weights.BalancerRoundRobin || why != ReasonLearned {
+				t.Errorf("10 minutes on: %s (%s), want ROUND_ROBIN (Learned)", lb, why)
+			}
+		})
+	}
+}
+
 // A restart under a LEAST_REQUEST the manager before chose because a pod
 // reached its limit on CPU alone keeps it, with its reason, although no pod
 // is at its limit now: learning again would switch to ROUND_ROBIN after a
