@@ -491,6 +491,35 @@ func TestNetworkPolicies(t *testing.T) {
 
 // TestChartRefusesMisspeltValues: values.schema.json refuses unknown keys, so
 // `serviceMonitor.enable=true` fails instead of silently installing nothing.
+// Values that would render a broken install are refused with a message
+// saying why: two replicas without leader election (two writers), and a
+// ServiceMonitor in another namespace than the certificate Secret it would
+// verify the manager with.
+func TestChartRefusesBrokenCombinations(t *testing.T) {
+	root := repoRoot(t)
+	for name, c := range map[string]struct {
+		set  []string
+		want string
+	}{
+		"two writers": {[]string{"leaderElection.enabled=false", "replicaCount=2"}, "every replica would write"},
+		"certificate Secret out of the ServiceMonitor's reach": {[]string{"serviceMonitor.enabled=true", "serviceMonitor.namespace=monitoring",
+			"metrics.certificate.secretName=manager-metrics-tls"}, "reads Secrets only in the ServiceMonitor's namespace"},
+	} {
+		args := []string{"template", releaseName, chartDir, "--kube-version", kubeVersion(t)}
+		for _, s := range c.set {
+			args = append(args, "--set", s)
+		}
+		cmd := exec.CommandContext(t.Context(), tool(t, "helm", "HELM"), args...)
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s: helm template %v: error %v, want a refusal saying %q:\n%.500s", name, c.set, err, c.want, out)
+		}
+	}
+	// One replica without leader election is a valid install.
+	helmTemplate(t, root, releaseNamespace)
+}
+
 func TestChartRefusesMisspeltValues(t *testing.T) {
 	root := repoRoot(t)
 	for _, set := range []string{"serviceMonitor.enable=true", "metricsBackend.tennant=a", "replicas=3"} {
