@@ -21,7 +21,7 @@ import (
 // Gateway API routes: read to find gateway bypasses and mesh-route
 // conflicts; patched only when listed in gateway_routes; the mesh routes of
 // routing_mode gateway_api (HTTPRoute, GRPCRoute, TCPRoute) are owned.
-// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;grpcroutes;tcproutes,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;grpcroutes;tcproutes,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=tlsroutes,verbs=get;list;watch;patch
 
 const (
