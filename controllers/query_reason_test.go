@@ -27,6 +27,7 @@ func TestQueryErrorReason(t *testing.T) {
 		"too large":      {err: &promsource.ResponseTooLargeError{Limit: 1, Declared: -1}, want: "too_large"},
 		"query too long": {err: &promsource.QueryTooLongError{Length: 2, Limit: 1}, want: "query_too_long"},
 		"wrapped":        {err: textutil.Error(errors.Join(errors.New("CPU query"), &promsource.ServerError{}), 10), want: "server_error"},
+		"credentials":    {err: &promsource.CredentialsError{File: "/token", Err: errors.New("gone")}, want: "credentials"},
 		"unknown":        {err: errors.New("x"), want: "other"},
 	}
 	for name, tc := range tests {

@@ -507,8 +507,11 @@ func queryErrorReason(err error) string {
 		tmpl        *promsource.TemplateError
 		tooLarge    *promsource.ResponseTooLargeError
 		tooLong     *promsource.QueryTooLongError
+		cred        *promsource.CredentialsError
 	)
 	switch {
+	case errors.As(err, &cred):
+		return "credentials"
 	case errors.As(err, &tooLarge):
 		return "too_large"
 	case errors.As(err, &tooLong):
