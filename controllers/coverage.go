@@ -368,8 +368,12 @@ func coverageStatus(rec *CoverageRecord, threshold float64) (*optv1.TrafficCover
 	if rec.Err != nil {
 		var long *promsource.QueryTooLongError
 		msg := "the coverage query failed: " + rec.Err.Error()
-		if errors.As(rec.Err, &long) {
+		var warned *promsource.WarningsError
+		switch {
+		case errors.As(rec.Err, &long):
 			msg = "the coverage query is too long for the backend (it names every pod and is never split); set spec.optimization.coverage_query to one that selects the pods by workload"
+		case errors.As(rec.Err, &warned):
+			msg = "no figure: the backend's answer carried warnings (a partial answer may miss some of the traffic): " + strings.Join(warned.Warnings, "; ")
 		}
 		out.Message = textutil.Printable(msg, 1000)
 		return out, ""
@@ -419,8 +423,11 @@ func coverageErrorReason(err error) string {
 		server      *promsource.ServerError
 		tooLong     *promsource.QueryTooLongError
 		tmpl        *promsource.TemplateError
+		warned      *promsource.WarningsError
 	)
 	switch {
+	case errors.As(err, &warned):
+		return "warnings"
 	case errors.As(err, &unreachable):
 		return "unreachable"
 	case errors.As(err, &server):

@@ -30,6 +30,7 @@ func TestCoverageStatus(t *testing.T) {
 		"below, no sources": {rec: rec(promsource.Coverage{Received: 100, Weighted: 10}, nil), wantRatio: "0.10", wantStatus: true, wantMsg: []string{"no single source stands out"}, wantState: "below: "},
 		"query failed":      {rec: rec(promsource.Coverage{}, errors.New("boom")), wantStatus: true, wantState: "failed"},
 		"query too long":    {rec: rec(promsource.Coverage{}, &promsource.QueryTooLongError{Length: 20000, Limit: 12288}), wantStatus: true, wantState: "failed"},
+		"a partial answer":  {rec: rec(promsource.Coverage{Received: 100, Weighted: 20}, &promsource.WarningsError{Warnings: []string{"store down"}}), wantStatus: true, wantState: "failed"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -55,6 +56,9 @@ func TestCoverageStatus(t *testing.T) {
 				t.Errorf("state %q, want %q", got, tc.wantState)
 			}
 		})
+	}
+	if cov, msg := coverageStatus(rec(promsource.Coverage{Received: 100, Weighted: 20}, &promsource.WarningsError{Warnings: []string{"store down"}}), 0.9); msg != "" || cov.Ratio != "" || !strings.Contains(cov.Message, "carried warnings") || !strings.Contains(cov.Message, "store down") {
+		t.Errorf("a partial answer: ratio %q, message %q, Degraded %q; want no figure, the warnings, no Degraded", cov.Ratio, cov.Message, msg)
 	}
 	if _, msg := coverageStatus(rec(promsource.Coverage{Received: 100, Weighted: 1}, nil), 0); msg != "" {
 		t.Errorf("threshold 0 still degrades: %s", msg)

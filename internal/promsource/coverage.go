@@ -101,7 +101,11 @@ func (e *CoverageError) Error() string {
 // as one instant query. The query is never split: its parts are sums over
 // every pod, which chunks could not add up (topk of differences would come
 // out wrong), so a query longer than the source's limit fails with a
-// *QueryTooLongError. Fatal errors are those of Query.
+// *QueryTooLongError. Fatal errors are those of Query. An answer with
+// warnings (a partial response: a store or an ingester missing) gives no
+// figure, since the sums behind the ratio may be short of some of the
+// traffic and the figure feeds a condition: it fails with a
+// *WarningsError.
 func (s *Source) QueryCoverage(ctx context.Context, tmpl string, t Target, now time.Time) (Coverage, error) {
 	q, err := s.render(tmpl, t)
 	if err != nil {
@@ -115,6 +119,9 @@ func (s *Source) QueryCoverage(ctx context.Context, tmpl string, t Target, now t
 	c := Coverage{Query: q, Latency: time.Since(start)}
 	if a.err != nil {
 		return c, a.err
+	}
+	if len(a.warnings) > 0 {
+		return c, &WarningsError{Warnings: a.warnings}
 	}
 	parsed, err := ParseCoverage(a.vec)
 	if err != nil {

@@ -105,6 +105,27 @@ func TestDefaultCoverageQueryRendersInsideTheNamespace(t *testing.T) {
 	}
 }
 
+// A coverage answer that carries warnings (a partial response) gives no
+// figure: its sums may miss some of the traffic, and the figure feeds a
+// condition.
+func TestQueryCoverageRefusesAPartialAnswer(t *testing.T) {
+	body := `{"status":"success","warnings":["partial response: store gateway down"],"data":{"resultType":"vector","result":[` +
+		`{"metric":{"path":"received"},"value":[1,"100"]},{"metric":{"path":"weighted"},"value":[1,"20"]}]}}`
+	src := newSource(t, Config{URL: newServer(t, fixed(200, body)).URL})
+	_, err := src.QueryCoverage(t.Context(), DefaultCoverageQuery, Target{Namespace: "shop", Host: "web.shop.adaptive", Pods: []string{"web-0"}, Window: time.Minute}, time.Time{})
+	var w *WarningsError
+	if !errors.As(err, &w) || len(w.Warnings) != 1 {
+		t.Fatalf("err %v, want the warnings as a *WarningsError", err)
+	}
+	ok := `{"status":"success","data":{"resultType":"vector","result":[` +
+		`{"metric":{"path":"received"},"value":[1,"100"]},{"metric":{"path":"weighted"},"value":[1,"20"]}]}}`
+	src = newSource(t, Config{URL: newServer(t, fixed(200, ok)).URL})
+	c, err := src.QueryCoverage(t.Context(), DefaultCoverageQuery, Target{Namespace: "shop", Host: "web.shop.adaptive", Pods: []string{"web-0"}, Window: time.Minute}, time.Time{})
+	if r, has := c.Ratio(); err != nil || !has || r != 0.2 {
+		t.Fatalf("the same answer without warnings: ratio %v %v, err %v; want 0.2", r, has, err)
+	}
+}
+
 func TestQueryCoverageRefusesALongQuery(t *testing.T) {
 	src, err := New(Config{URL: "http://127.0.0.1:1", MaxQueryLength: MinMaxQueryLength})
 	if err != nil {
