@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"math"
 	"net"
@@ -22,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"text/template"
 	"time"
 
@@ -419,6 +421,11 @@ func (s *Source) classify(ctx context.Context, err error, exch *exchange) error 
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) ||
 		(errors.As(err, &netErr) && netErr.Timeout()) {
 		return &UnreachableError{URL: s.url, Timeout: true, Err: err}
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		// The connection broke while the answer was being read: the
+		// backend or the network, not a malformed answer.
+		return &UnreachableError{URL: s.url, Err: err}
 	}
 	if status != 0 && ctx.Err() == nil {
 		// An answer came back but could not be decoded.

@@ -865,3 +865,27 @@ func issueClientCert(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey
 	writeFile(t, certFile, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
 	writeFile(t, keyFile, string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
 }
+
+// A backend whose connection breaks while the answer is being read is
+// unreachable, not the sender of a malformed answer: the error kind says
+// which to look at, and only a malformed answer may be a query's fault.
+func TestConnectionBrokenMidAnswerIsUnreachable(t *testing.T) {
+	srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "4096")
+		w.WriteHeader(200)
+		_, _ = w.Write([]byte(`{"status":"success","data":{"resultType":"vector","result":[`))
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	}))
+	_, err := query(t, newSource(t, Config{URL: srv.URL}))
+	var unreachable *UnreachableError
+	if !errors.As(err, &unreachable) {
+		t.Fatalf("err %T %v, want *UnreachableError", err, err)
+	}
+}
