@@ -134,7 +134,10 @@ func (s *Settings) complete() {
 // policyConfig is the settings as the optimizer's policy takes them.
 func (s Settings) policyConfig() policy.Config {
 	lb := weights.BalancerLeastRequest
-	if s.RoundRobin {
+	if s.RoundRobin && !s.DryRun {
+		// In dry run the DestinationRule keeps Istio's LEAST_REQUEST (the
+		// weights are not applied): the policy is told so, and tells the
+		// engine, whose backlog readings depend on it.
 		lb = weights.BalancerRoundRobin
 	}
 	return policy.Config{Cycle: s.Cycle, LookInterval: s.ProbeInterval, Balancer: lb, Engine: s.Params}
