@@ -424,8 +424,11 @@ func coverageErrorReason(err error) string {
 		tooLong     *promsource.QueryTooLongError
 		tmpl        *promsource.TemplateError
 		warned      *promsource.WarningsError
+		cred        *promsource.CredentialsError
 	)
 	switch {
+	case errors.As(err, &cred):
+		return "credentials"
 	case errors.As(err, &warned):
 		return "warnings"
 	case errors.As(err, &unreachable):

@@ -12,6 +12,30 @@ import (
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 )
 
+// followPods keeps a Stalled optimizer's live ServiceEntry on the ready
+// pods (desired.FollowPods): the stall leaves the route to the optimized
+// host in place, and without this the ServiceEntry behind it would keep
+// the addresses of pods that are gone. Only its endpoints are patched.
+func (r *MirrorReconciler) followPods(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, s Settings, res desired.Result, live liveObjects) error {
+	eps, ok := desired.FollowPods(live.se, res, live.se != nil && desired.IsOwnedBy(live.se, opt))
+	if !ok {
+		return nil
+	}
+	// The live object is the patch's base, which MergeFrom only reads; the
+	// object sent is a copy with the endpoints.
+	se := live.se.DeepCopy()
+	patch := client.MergeFrom(live.se)
+	se.Spec.Endpoints = eps
+	if err := r.Client.Patch(ctx, se, patch, client.FieldOwner(FieldManager)); err != nil {
+		return fmt.Errorf("follow the pods in ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
+	}
+	r.Metrics.Writes.WithLabelValues(res.Namespace, opt.Spec.ServiceName, "ServiceEntry").Inc()
+	r.Recorder.Eventf(opt, se, corev1.EventTypeNormal, "FollowedPods", "Patch",
+		"Stalled, but ServiceEntry %s/%s follows the ready pods (%d endpoints), so the route left in place leads to live pods", se.Namespace, se.Name, len(eps))
+	r.Weights.Applied(client.ObjectKeyFromObject(opt), s.Params, r.Clock.Now(), res.Endpoints)
+	return nil
+}
+
 // leaveTrafficOnService handles a Service with more ready pods than one
 // ServiceEntry holds, or whose other clusters' pods it cannot hold (a
 // multi-cluster mesh): every route of ours to the optimized host would send
@@ -24,34 +48,18 @@ import (
 // nothing learned is lost when the Service shrinks back; then the routes
 // are written and retargeted again. Reports whether it deleted our
 // VirtualService.
-// followPods keeps a Stalled optimizer's live ServiceEntry on the ready
-// pods (desired.FollowPods): the stall leaves the route to the optimized
-// host in place, and without this the ServiceEntry behind it would keep
-// the addresses of pods that are gone. Only its endpoints are patched.
-func (r *MirrorReconciler) followPods(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, s Settings, res desired.Result, live liveObjects) error {
-	eps, ok := desired.FollowPods(live.se, res, live.se != nil && desired.IsOwnedBy(live.se, opt))
-	if !ok {
-		return nil
-	}
-	se := live.se.DeepCopy()
-	patch := client.MergeFrom(live.se.DeepCopy())
-	se.Spec.Endpoints = eps
-	if err := r.Client.Patch(ctx, se, patch, client.FieldOwner(FieldManager)); err != nil {
-		return fmt.Errorf("follow the pods in ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
-	}
-	r.Metrics.Writes.WithLabelValues(res.Namespace, opt.Spec.ServiceName, "ServiceEntry").Inc()
-	r.Recorder.Eventf(opt, se, corev1.EventTypeNormal, "FollowedPods", "Patch",
-		"Stalled, but ServiceEntry %s/%s follows the ready pods (%d endpoints), so the route left in place leads to live pods", se.Namespace, se.Name, len(eps))
-	r.Weights.Applied(client.ObjectKeyFromObject(opt), s.Params, r.Clock.Now(), res.Endpoints)
-	return nil
-}
-
 func (r *MirrorReconciler) leaveTrafficOnService(ctx context.Context, opt *optv1.IstioAdaptiveRequestOptimizer, p desired.Problem, live liveObjects) (bool, error) {
-	if p.Reason != desired.ReasonTooManyEndpoints && p.Reason != desired.ReasonMultiCluster {
+	if !desired.HandsTrafficBack(p) {
 		return false, nil
 	}
 	if err := r.finalizeGateways(ctx, opt); err != nil {
 		return false, err
+	}
+	// The status says so: no owned mesh route is left, no gateway route
+	// is retargeted (the reconcile stops before the gateway step).
+	opt.Status.OwnedRoutes = nil
+	for i := range opt.Status.GatewayRoutes {
+		opt.Status.GatewayRoutes[i].Retargeted = false
 	}
 	if live.vs == nil || !desired.IsOwnedBy(live.vs, opt) {
 		return false, nil

@@ -552,14 +552,8 @@ func (r *MirrorReconciler) finalize(ctx context.Context, opt *optv1.IstioAdaptiv
 		if owned, err = r.deleteOwned(ctx, opt, name); err != nil {
 			return err
 		}
-		if old := opt.Status.OwnedObjects; old.ServiceEntry != "" && (types.NamespacedName{Namespace: old.Namespace, Name: old.ServiceEntry}) != name {
-			oldOwned, err := r.deleteOwned(ctx, opt, types.NamespacedName{Namespace: old.Namespace, Name: old.ServiceEntry})
-			if err != nil {
-				return err
-			}
-			if oldOwned {
-				r.Metrics.ForgetService(old.Namespace, strings.TrimSuffix(old.ServiceEntry, "-adaptive"))
-			}
+		if err := r.retarget(ctx, opt); err != nil {
+			return err
 		}
 		patch := client.MergeFromWithOptions(opt.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.RemoveFinalizer(opt, Finalizer)

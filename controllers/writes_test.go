@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -43,7 +44,7 @@ func TestFinalizeRemovesWhatTheStatusSaysWasWritten(t *testing.T) {
 	old, current, others := routing("shop-a", opt), routing("shop-b", opt), routing("shop-c", other)
 	objs := append(append(append([]client.Object{opt}, old...), current...), others...)
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(opt).Build()
-	r := &MirrorReconciler{Client: c, Scheme: scheme, Metrics: metrics.New(), Weights: NewWeightBook()}
+	r := &MirrorReconciler{Client: c, Scheme: scheme, Metrics: metrics.New(), Weights: NewWeightBook(), Recorder: events.NewFakeRecorder(10)}
 
 	if err := r.finalize(context.Background(), opt); err != nil {
 		t.Fatal(err)

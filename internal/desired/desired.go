@@ -215,9 +215,8 @@ func Compute(in Input) Result {
 	bindWaypoint(in, &r)
 	if anyFatal(mp) {
 		r.stall()
-		if slices.ContainsFunc(mp, func(p Problem) bool { return p.Reason == ReasonMultiCluster }) {
-			// The ServiceEntry cannot hold the other clusters' pods: no
-			// route is left to it (MultiClusterEndpointsNotMirrored).
+		if slices.ContainsFunc(mp, HandsTrafficBack) {
+			// No route is left to the ServiceEntry: nothing to follow.
 			r.StalledEndpoints = nil
 		}
 		return r

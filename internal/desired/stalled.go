@@ -3,10 +3,18 @@ package desired
 import (
 	"slices"
 
-	"google.golang.org/protobuf/proto"
 	networking "istio.io/api/networking/v1alpha3"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 )
+
+// HandsTrafficBack reports whether a problem takes the operator's routes to
+// the optimized host away, so the Kubernetes Service carries the traffic
+// again: the ServiceEntry cannot hold every pod (TooManyEndpoints, or other
+// clusters' pods), and a route to a part of them would leave the others
+// without mesh traffic.
+func HandsTrafficBack(p Problem) bool {
+	return p.Reason == ReasonTooManyEndpoints || p.Reason == ReasonMultiCluster
+}
 
 // FollowPods returns the endpoints a Stalled optimizer writes into its live
 // ServiceEntry, and whether there are any to write. A stall writes nothing
@@ -22,7 +30,7 @@ func FollowPods(live *istionet.ServiceEntry, r Result, owned bool) ([]*networkin
 	if live == nil || !owned || len(r.StalledEndpoints) == 0 || !samePorts(live.Spec.Ports, r.Ports) {
 		return nil, false
 	}
-	if slices.EqualFunc(live.Spec.Endpoints, r.StalledEndpoints, func(a, b *networking.WorkloadEntry) bool { return proto.Equal(a, b) }) {
+	if slices.EqualFunc(live.Spec.Endpoints, r.StalledEndpoints, workloadEntryEqual) {
 		return nil, false
 	}
 	return r.StalledEndpoints, true

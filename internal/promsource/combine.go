@@ -251,14 +251,18 @@ func partsAtFault(err error) bool {
 	case errors.As(err, &unreachable), errors.As(err, &cred):
 		return false
 	case errors.As(err, &server):
-		// Only a query the backend could not parse or evaluate (400, 422,
-		// or Prometheus' bad_data and execution errors) is a part's fault.
+		// Only a query the backend could not take, parse or evaluate (400,
+		// 413 and 414 for a request too long for a proxy's limit, 422, or
+		// Prometheus' bad_data and execution errors) is a part's fault.
 		// Refused credentials (401, 403), a wrong path prefix (404), a
 		// proxy (407), throttling (429) and 5xx (overloaded, restarting)
 		// fail every part alike: sending the parts apart would only
 		// multiply the requests to a backend in trouble.
-		return server.StatusCode == http.StatusBadRequest || server.StatusCode == http.StatusUnprocessableEntity ||
-			server.Type == "execution" || server.Type == "bad_data"
+		switch server.StatusCode {
+		case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusRequestURITooLong, http.StatusUnprocessableEntity:
+			return true
+		}
+		return server.Type == "execution" || server.Type == "bad_data"
 	}
 	return true
 }

@@ -269,6 +269,23 @@ func TestBackendTroubleIsNoPartsFault(t *testing.T) {
 	}
 }
 
+// Which failures may come from a part: a query the backend could not
+// take (too long for a proxy's limit), parse or evaluate, not the
+// backend's trouble.
+func TestPartsAtFault(t *testing.T) {
+	for code, want := range map[int]bool{400: true, 413: true, 414: true, 422: true, 401: false, 403: false, 404: false, 429: false, 500: false, 503: false} {
+		if got := partsAtFault(&ServerError{StatusCode: code}); got != want {
+			t.Errorf("HTTP %d: a part's fault %v, want %v", code, got, want)
+		}
+	}
+	if !partsAtFault(&ServerError{StatusCode: 503, Type: "execution"}) {
+		t.Error("an execution error is a part's fault whatever the status")
+	}
+	if partsAtFault(&UnreachableError{}) || partsAtFault(&CredentialsError{}) {
+		t.Error("an unreachable backend or unreadable credentials are no part's fault")
+	}
+}
+
 // The default templates are never sent alone, whatever broke a request
 // they were in: they are known to combine.
 func TestDefaultTemplatesAlwaysCombine(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -246,6 +247,12 @@ func TestCredentialsStayWithTheBackend(t *testing.T) {
 	}
 	if g, ok := got["other"]; !ok || g != (seen{}) {
 		t.Errorf("the host redirected to saw %+v (reached %v), want no credentials", g, ok)
+	}
+	for raw, want := range map[string]string{"http://Prom:9090/x": "Prom:9090", "http://prom/x": "prom:80", "https://prom/x": "prom:443", "http://[::1]/x": "[::1]:80"} {
+		u, _ := url.Parse(raw)
+		if got := hostPort(u); got != want {
+			t.Errorf("hostPort(%s) = %s, want %s", raw, got, want)
+		}
 	}
 }
 

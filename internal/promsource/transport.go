@@ -114,7 +114,7 @@ func newTransport(cfg Config) (*authTransport, error) {
 		return nil, fmt.Errorf("metrics URL: %w", err)
 	}
 	return &authTransport{
-		host:      u.Host,
+		host:      hostPort(u),
 		base:      base,
 		headers:   headers,
 		token:     cfg.BearerToken,
@@ -164,8 +164,10 @@ func checkFileCredentials(cfg Config, headers http.Header) error {
 
 // authTransport adds credentials and headers to each request.
 type authTransport struct {
-	// host is the backend's (host:port of the metrics URL): credentials
-	// and headers go to it only.
+	// host is the backend's (the metrics URL's host and port, the
+	// scheme's default port if none, compared without case): credentials
+	// and headers go to it only, not to another host or port a redirect
+	// names.
 	host      string
 	base      *http.Transport
 	headers   http.Header
@@ -200,7 +202,7 @@ func (t *authTransport) fileHeaders() (http.Header, error) {
 }
 
 func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Host != t.host {
+	if !strings.EqualFold(hostPort(req.URL), t.host) {
 		// A redirect to another host (a login page, another virtual
 		// host): the backend's credentials and headers are not sent
 		// there, as Go's client itself drops Authorization across hosts.
@@ -310,4 +312,17 @@ func (l *certLoader) get() (*tls.Certificate, error) {
 		l.certMod, l.keyMod = cs.ModTime(), ks.ModTime()
 	}
 	return l.cert, nil
+}
+
+// hostPort is u's host and port, with the scheme's default port when u
+// names none.
+func hostPort(u *url.URL) string {
+	if u.Port() != "" {
+		return u.Host
+	}
+	port := "80"
+	if u.Scheme == "https" {
+		port = "443"
+	}
+	return net.JoinHostPort(u.Hostname(), port)
 }

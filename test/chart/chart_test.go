@@ -489,8 +489,6 @@ func TestNetworkPolicies(t *testing.T) {
 	}
 }
 
-// TestChartRefusesMisspeltValues: values.schema.json refuses unknown keys, so
-// `serviceMonitor.enable=true` fails instead of silently installing nothing.
 // Values that would render a broken install are refused with a message
 // saying why: two replicas without leader election (two writers), and a
 // ServiceMonitor in another namespace than the certificate Secret it would
@@ -520,6 +518,8 @@ func TestChartRefusesBrokenCombinations(t *testing.T) {
 	helmTemplate(t, root, releaseNamespace)
 }
 
+// TestChartRefusesMisspeltValues: values.schema.json refuses unknown keys, so
+// `serviceMonitor.enable=true` fails instead of silently installing nothing.
 func TestChartRefusesMisspeltValues(t *testing.T) {
 	root := repoRoot(t)
 	for _, set := range []string{"serviceMonitor.enable=true", "metricsBackend.tennant=a", "replicas=3"} {
