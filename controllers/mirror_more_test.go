@@ -727,6 +727,14 @@ func TestTooManyEndpointsLeaveTrafficOnTheService(t *testing.T) {
 		t.Errorf("status still names VirtualService %q", o.Status.OwnedObjects.VirtualService)
 	}
 	eventually(t, waitFor, "the gateway route back on the Service", gatewayTo("web"))
+	eventually(t, waitFor, "the status says no route is retargeted", func() error {
+		for _, g := range getOptimizer(t, ns, "web").Status.GatewayRoutes {
+			if g.Retargeted {
+				return fmt.Errorf("status: %s/%s still retargeted", g.Namespace, g.Name)
+			}
+		}
+		return nil
+	})
 
 	for _, sl := range extra {
 		if err := k8s.Delete(context.Background(), sl); err != nil {
