@@ -85,19 +85,28 @@ func (st *podState) alarmed(ratio float64) bool {
 
 // noteLatency records what Alarm and the backlog reading compare with:
 // the pod's usual latency, its window's latency at the last cycle in which
-// it kept up (no backlog, not at its limit, recent latency not past the
-// alarm). While it is behind, the reference stays what it was before, so
-// the extra wait keeps showing as a backlog until it clears. The usual
-// recent-to-window ratio learns from the same cycles, so an overload does
-// not teach the alarm to ignore the next one.
-func (st *podState) noteLatency(r reading) {
+// it kept up (keptUpWith). While it is behind, the reference stays what it
+// was before, so the extra wait keeps showing as a backlog until it
+// clears. A pod first seen behind has no usual latency of its own: its
+// reading then is the queue, not the reference (a pod that Istio's default
+// balancer had overloaded before the opt-in waits minutes). It takes the
+// most that any pod that kept up waits, scaled to its own request time
+// (usual, 0 = unknown), when that is lower: a request costs its pod's
+// work, and what else it waits for (other services, the disk) is the
+// Service's own, the same on every pod. The usual recent-to-window ratio
+// learns from the same cycles, so an overload does not teach the alarm to
+// ignore the next one.
+func (st *podState) noteLatency(r reading, usual float64) {
 	if !r.hasLatency {
 		st.latency = 0
 		return
 	}
-	if r.saturated || r.backlog > 0 || (r.recentLatency > 0 && st.alarmed(r.recentLatency/r.latency)) {
+	if !keptUpWith(r, st) {
 		if !(st.latency > 0) {
 			st.latency = r.latency
+			if usual > 0 {
+				st.latency = min(r.latency, usual)
+			}
 		}
 		return
 	}
@@ -105,6 +114,14 @@ func (st *podState) noteLatency(r reading) {
 	if r.recentLatency > 0 {
 		st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
 	}
+}
+
+// keptUpWith reports whether the reading shows the pod keeping up: a
+// latency, no backlog, not at its limit, and its recent latency not past
+// the alarm.
+func keptUpWith(r reading, st *podState) bool {
+	return r.hasLatency && r.latency > 0 && !r.saturated && r.backlog == 0 &&
+		!(r.recentLatency > 0 && st.alarmed(r.recentLatency/r.latency))
 }
 
 func roundLatency(s float64) time.Duration {

@@ -105,3 +105,44 @@ func TestNoiseNotLearnedAcrossAnOutage(t *testing.T) {
 		t.Errorf("reading noise %v after the outage, %v before: the gap's windows taught it", s.e.noise, before)
 	}
 }
+
+// A pod that Istio's default balancer overloaded before the opt-in holds a
+// queue of minutes, and the first readings are all the engine has of it:
+// they are the queue, not its usual latency. The pod shows a backlog from
+// the second cycle (the first has no reference to read one against), so
+// the operator keeps LEAST_REQUEST, which steers new requests around the
+// queue, instead of a ROUND_ROBIN that would send the pod its share of
+// them to wait behind it.
+func TestBacklogFromBeforeTheOptInShows(t *testing.T) {
+	s := newService(t, true, 0.6, 4)
+	behind := s.pods[1]
+	var res Result
+	for k := range 4 {
+		s.now = s.now.Add(30 * time.Second)
+		obs := s.observe(1)
+		obs.Balancer = BalancerLeastRequest
+		sig := obs.Signals[behind.Name]
+		sig.CPU = s.cores[1]                      // busy on its queue
+		sig.Requests = s.cores[1] * s.speed[1]    // serving all it can
+		sig.Latency, sig.RecentLatency = 300, 300 // five minutes behind
+		obs.Signals[behind.Name] = sig
+		res = s.apply(s.e.Update(s.pods, obs))
+		if k == 0 {
+			continue
+		}
+		if _, ok := Has(res.Reasons, ReasonBacklog); !ok || res.Learned {
+			t.Fatalf("cycle %d: %s, five minutes behind, shows no backlog (learned %v): %s", k+1, behind.Name, res.Learned, res.Message)
+		}
+	}
+	if w, mean := float64(res.Weights[behind.Name]), meanWeight(res.Weights); w > mean/2 {
+		t.Errorf("%s five minutes behind keeps weight %v, the mean is %v", behind.Name, w, mean)
+	}
+}
+
+func meanWeight(w map[string]uint32) float64 {
+	sum := 0.0
+	for _, v := range w {
+		sum += float64(v)
+	}
+	return sum / float64(len(w))
+}

@@ -119,16 +119,29 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			e.load.update(math.Log(total), math.Log(total), e.noise*e.noise, e.overlapInflation(), e.params, false)
 		}
 	}
+	// The most any pod that kept up waits, in units of its own request
+	// time (latency times requests per CPU-second): the usual latency of
+	// a pod first seen behind, scaled to its speed (see noteLatency).
+	keptUp := 0.0
+	for i, r := range c.pods {
+		if st := e.pods[set[i].Name]; st != nil && models[i].known && models[i].v > 0 && keptUpWith(r, st) {
+			keptUp = max(keptUp, r.latency*models[i].v)
+		}
+	}
 	for i, pod := range set {
 		st := e.state(pod.Name)
 		r := c.pods[i]
+		usual := 0.0
+		if keptUp > 0 && models[i].known && models[i].v > 0 {
+			usual = keptUp / models[i].v
+		}
 		st.hot = r.saturated
 		st.backlog, st.capRate = r.backlog, r.capRate
 		st.hotBlind = r.saturated && !c.fromRequests
 		if !obs.Early {
 			st.backlogs = appendBacklog(st.backlogs, backlogPoint{now, r.backlog}, e.params.memory())
 		}
-		st.noteLatency(r)
+		st.noteLatency(r, usual)
 	}
 
 	// Decide. Where no pod's cores are known nothing relates the load to
