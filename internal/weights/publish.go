@@ -78,16 +78,20 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 	if !(total > 0) {
 		total = capacity / 2 // unknown load: judged at half load
 	}
-	var mean, sumSq, largest float64
 	xl := make([]float64, len(set))
 	xt := make([]float64, len(set))
 	for i, pod := range set {
-		w, ok := ref[pod.Name]
-		if !ok {
+		if w, ok := ref[pod.Name]; ok {
+			xl[i] = total * float64(w) / refSum
+			xt[i] = total * proposal[i] / propSum
+		}
+	}
+	p.holdFloors(set, ref, proposal, refSum/float64(common), xl, xt)
+	var mean, sumSq, largest float64
+	for i, pod := range set {
+		if _, ok := ref[pod.Name]; !ok {
 			continue
 		}
-		xl[i] = total * float64(w) / refSum
-		xt[i] = total * proposal[i] / propSum
 		if xl[i] > 0 {
 			maxMove = max(maxMove, math.Abs(xt[i]/xl[i]-1))
 		}
@@ -126,6 +130,56 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 	}
 	bar += p.DeadBand * p.DeadBand
 	return gain, bar, maxMove, common
+}
+
+// holdFloors compares a pod held at the MaxRatio floor by both the live
+// weights and the proposal at its live traffic: its weight is no decision
+// of the solver but the clamp's, and its share moves only with the
+// others' weights and the floor's rounding to a whole weight. Counted, a
+// move that small weighed as a large gain where the pod is far past its
+// capacity (a backlog), and the weights were rewritten every cycle while
+// it drained. The other pods' targets share the rest of the traffic.
+func (p Params) holdFloors(set []Pod, ref map[string]uint32, proposal []float64, refMean float64, xl, xt []float64) {
+	propMean := 0.0
+	for _, v := range proposal {
+		propMean += v
+	}
+	propMean /= float64(max(len(proposal), 1))
+	held, rest, others := 0.0, 0.0, 0.0
+	hold := make([]bool, len(set))
+	for i, pod := range set {
+		w, ok := ref[pod.Name]
+		if !ok {
+			continue
+		}
+		hold[i] = p.atFloor(proposal[i], propMean) && p.atFloor(float64(w), refMean)
+		if hold[i] {
+			held += xl[i] - xt[i]
+		} else {
+			others += xt[i]
+		}
+	}
+	rest = others - held
+	if held == 0 || !(others > 0) || !(rest > 0) {
+		return
+	}
+	for i := range set {
+		switch {
+		case hold[i]:
+			xt[i] = xl[i]
+		case xt[i] > 0:
+			xt[i] *= rest / others
+		}
+	}
+}
+
+// atFloor reports whether a weight w of weights averaging mean is at the
+// MaxRatio floor: within the half unit that rounding to a whole weight
+// moves it by (for the floor's own rounding, and the others' moving the
+// mean, are far less than a unit at the weights' scale; weights kept in
+// small units, such as 1 and 2, are not at a floor of 0.15).
+func (p Params) atFloor(w, mean float64) bool {
+	return w <= mean/p.MaxRatio+0.5
 }
 
 // settle turns a proposal into the weights to publish against the

@@ -2,6 +2,7 @@ package weights
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -145,4 +146,33 @@ func meanWeight(w map[string]uint32) float64 {
 		sum += float64(v)
 	}
 	return sum / float64(len(w))
+}
+
+// A pod far past its capacity (a backlog owed) and held at the MaxRatio
+// floor by both the live weights and the targets is not moved by them:
+// its share differs only by the others' weights and the floor's rounding.
+// Weighed by its cost far past capacity, that difference passed for a gain,
+// and the weights were rewritten every cycle while the backlog drained.
+func TestFloorRoundingIsNoGain(t *testing.T) {
+	p := DefaultParams()
+	set := []Pod{{Name: "fast-0"}, {Name: "fast-1"}, {Name: "fast-2"}, {Name: "behind"}}
+	fast := decidePod{c: 8, v: 1, upper: math.Inf(1)}
+	dp := []decidePod{fast, fast, fast, {c: 1, v: 0.01, upper: 0.05, overloaded: true}} // the one behind owes all but 1% of its capacity
+	proposal := p.proposalFrom(time.Time{}, set, []float64{7, 7, 7, 0})
+	// The live weights: the same targets, written as whole weights (the
+	// floor, 102.56, rounded up).
+	ref := map[string]uint32{}
+	for i, pod := range set {
+		ref[pod.Name] = uint32(math.Round(proposal[i]))
+	}
+	logVar := []float64{1e-4, 1e-4, 1e-4, 1e-4}
+	gain, bar, _, _ := p.judge(set, ref, slices.Clone(proposal), dp, logVar, nil, 18)
+	if gain > bar {
+		t.Errorf("targets %v over live %v: gain %.3g passes the bar %.3g on the floor's rounding", proposal, ref, gain, bar)
+	}
+	// A pod cut to the floor from above is a move.
+	ref["behind"] = ref["fast-0"] / 2
+	if gain, bar, _, _ := p.judge(set, ref, slices.Clone(proposal), dp, logVar, nil, 18); gain <= bar {
+		t.Errorf("cutting the pod behind from %d to %.0f: gain %.3g within the bar %.3g", ref["behind"], proposal[3], gain, bar)
+	}
 }
