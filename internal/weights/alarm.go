@@ -89,28 +89,34 @@ func (st *podState) alarmed(ratio float64) bool {
 // was before, so the extra wait keeps showing as a backlog until it
 // clears. A pod first seen behind has no usual latency of its own: its
 // reading then is the queue, not the reference (a pod that Istio's default
-// balancer had overloaded before the opt-in waits minutes). It takes the
+// balancer had overloaded before the opt-in waits minutes). It borrows the
 // most that any pod that kept up waits, scaled to its own request time
-// (usual, 0 = unknown), when that is lower: a request costs its pod's
-// work, and what else it waits for (other services, the disk) is the
-// Service's own, the same on every pod. The usual recent-to-window ratio
-// learns from the same cycles, so an overload does not teach the alarm to
-// ignore the next one.
+// (usual, 0 = unknown), when that is lower. The borrowed reference holds
+// only while the pod is at its CPU limit, which is where a queue of its
+// own builds: once below it the pod's own reading replaces it, so a pod
+// whose requests wait longer than the others' for reasons of its own (a
+// far zone, a slow disk) is cut while it is overloaded and no longer. The
+// usual recent-to-window ratio learns from the cycles it kept up, so an
+// overload does not teach the alarm to ignore the next one.
 func (st *podState) noteLatency(r reading, usual float64) {
 	if !r.hasLatency {
-		st.latency = 0
+		st.latency, st.borrowed = 0, false
+		return
+	}
+	if st.borrowed && !r.saturated {
+		st.latency, st.borrowed = r.latency, false
 		return
 	}
 	if !keptUpWith(r, st) {
 		if !(st.latency > 0) {
 			st.latency = r.latency
-			if usual > 0 {
-				st.latency = min(r.latency, usual)
+			if usual > 0 && usual < r.latency {
+				st.latency, st.borrowed = usual, true
 			}
 		}
 		return
 	}
-	st.latency = r.latency
+	st.latency, st.borrowed = r.latency, false
 	if r.recentLatency > 0 {
 		st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
 	}

@@ -107,6 +107,9 @@ type podState struct {
 	// log(recent/window) while it kept up (see Alarm).
 	latency       float64
 	latencyRatios []float64
+	// borrowed: latency is not the pod's own but taken from the pods that
+	// kept up (see noteLatency), until the pod is below its CPU limit.
+	borrowed bool
 	// recentRatios: the pod's last log(recent CPU / window CPU) while
 	// below its limit (see readRecentCPU).
 	recentRatios []float64

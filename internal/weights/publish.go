@@ -84,6 +84,9 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 		if w, ok := ref[pod.Name]; ok {
 			xl[i] = total * float64(w) / refSum
 			xt[i] = total * proposal[i] / propSum
+			if xl[i] > 0 {
+				maxMove = max(maxMove, math.Abs(xt[i]/xl[i]-1))
+			}
 		}
 	}
 	p.holdFloors(set, ref, proposal, refSum/float64(common), xl, xt)
@@ -91,9 +94,6 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 	for i, pod := range set {
 		if _, ok := ref[pod.Name]; !ok {
 			continue
-		}
-		if xl[i] > 0 {
-			maxMove = max(maxMove, math.Abs(xt[i]/xl[i]-1))
 		}
 		if dp[i].fixed {
 			continue

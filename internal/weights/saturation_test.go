@@ -2,6 +2,7 @@ package weights
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -131,7 +132,7 @@ func TestBacklogFromBeforeTheOptInShows(t *testing.T) {
 		if k == 0 {
 			continue
 		}
-		if _, ok := Has(res.Reasons, ReasonBacklog); !ok || res.Learned {
+		if r, ok := Has(res.Reasons, ReasonBacklog); !ok || !slices.Contains(r.Pods, behind.Name) || res.Learned {
 			t.Fatalf("cycle %d: %s, five minutes behind, shows no backlog (learned %v): %s", k+1, behind.Name, res.Learned, res.Message)
 		}
 	}
@@ -174,5 +175,41 @@ func TestFloorRoundingIsNoGain(t *testing.T) {
 	ref["behind"] = ref["fast-0"] / 2
 	if gain, bar, _, _ := p.judge(set, ref, slices.Clone(proposal), dp, logVar, nil, 18); gain <= bar {
 		t.Errorf("cutting the pod behind from %d to %.0f: gain %.3g within the bar %.3g", ref["behind"], proposal[3], gain, bar)
+	}
+}
+
+// A pod whose requests wait longer than the others' for reasons of its own
+// (a far zone, a slow disk: here six and ten times what its speed
+// explains), overloaded at the opt-in, is cut while it is at its limit,
+// and no longer: once below it, its own latency is its usual, its backlog
+// clears and the results are Learned again.
+func TestSlowForItsOwnReasonsIsNotKeptBehind(t *testing.T) {
+	for _, factor := range []float64{6, 10} {
+		t.Run(fmt.Sprintf("%vx", factor), func(t *testing.T) {
+			s := newService(t, true, 0.7, 5)
+			slow := s.pods[1]
+			behindCycles, learned := 0, false
+			for k := range 60 {
+				s.now = s.now.Add(30 * time.Second)
+				obs := s.observe(1)
+				obs.Balancer = BalancerLeastRequest
+				sig := obs.Signals[slow.Name]
+				sig.Latency *= factor
+				sig.RecentLatency *= factor
+				if k == 0 {
+					sig.CPU = s.cores[1] // overloaded at the opt-in
+					sig.Latency, sig.RecentLatency = sig.Latency*20, sig.RecentLatency*20
+				}
+				obs.Signals[slow.Name] = sig
+				res := s.apply(s.e.Update(s.pods, obs))
+				if r, ok := Has(res.Reasons, ReasonBacklog); ok && slices.Contains(r.Pods, slow.Name) {
+					behindCycles++
+				}
+				learned = res.Learned
+			}
+			if behindCycles > 3 || !learned {
+				t.Errorf("%s, slow for its own reasons: a backlog in %d of 60 cycles, learned at the end %v", slow.Name, behindCycles, learned)
+			}
+		})
 	}
 }

@@ -119,22 +119,30 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			e.load.update(math.Log(total), math.Log(total), e.noise*e.noise, e.overlapInflation(), e.params, false)
 		}
 	}
-	// The most any pod that kept up waits, in units of its own request
-	// time (latency times requests per CPU-second): the usual latency of
-	// a pod first seen behind, scaled to its speed (see noteLatency).
-	keptUp := 0.0
+	// What a pod first seen behind may borrow as its usual latency (see
+	// noteLatency): the most a pod that kept up waits, scaled to the pod's
+	// request time where that is longer (latency times requests per
+	// CPU-second, over the pod's own). Only with speeds from request rates,
+	// which a pod at its limit does not censor, and not while a pod's
+	// speed is still its live weight after a restart (calibrate).
+	keptUp, keptUpWork := 0.0, 0.0
+	borrowable := func(i int) bool {
+		st := e.pods[set[i].Name]
+		return c.fromRequests && st != nil && !st.calibrate && models[i].known && models[i].v > 0
+	}
 	for i, r := range c.pods {
-		if st := e.pods[set[i].Name]; st != nil && models[i].known && models[i].v > 0 && keptUpWith(r, st) {
-			keptUp = max(keptUp, r.latency*models[i].v)
+		if borrowable(i) && keptUpWith(r, e.pods[set[i].Name]) {
+			keptUp = max(keptUp, r.latency)
+			keptUpWork = max(keptUpWork, r.latency*models[i].v)
 		}
 	}
 	for i, pod := range set {
+		usual := 0.0
+		if keptUp > 0 && borrowable(i) {
+			usual = max(keptUp, keptUpWork/models[i].v)
+		}
 		st := e.state(pod.Name)
 		r := c.pods[i]
-		usual := 0.0
-		if keptUp > 0 && models[i].known && models[i].v > 0 {
-			usual = keptUp / models[i].v
-		}
 		st.hot = r.saturated
 		st.backlog, st.capRate = r.backlog, r.capRate
 		st.hotBlind = r.saturated && !c.fromRequests
