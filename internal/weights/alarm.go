@@ -87,38 +87,56 @@ func (st *podState) alarmed(ratio float64) bool {
 // the pod's usual latency, its window's latency at the last cycle in which
 // it kept up (keptUpWith). While it is behind, the reference stays what it
 // was before, so the extra wait keeps showing as a backlog until it
-// clears. A pod first seen behind has no usual latency of its own: its
-// reading then is the queue, not the reference (a pod that Istio's default
-// balancer had overloaded before the opt-in waits minutes). It borrows the
-// most that any pod that kept up waits, scaled to its own request time
-// (usual, 0 = unknown), when that is lower. The borrowed reference holds
-// only while the pod is at its CPU limit, which is where a queue of its
-// own builds: once below it the pod's own reading replaces it, so a pod
-// whose requests wait longer than the others' for reasons of its own (a
-// far zone, a slow disk) is cut while it is overloaded and no longer. The
-// usual recent-to-window ratio learns from the cycles it kept up, so an
-// overload does not teach the alarm to ignore the next one.
-func (st *podState) noteLatency(r reading, usual float64) {
-	if !r.hasLatency {
-		st.latency, st.borrowed = 0, false
-		return
-	}
-	if st.borrowed && !r.saturated {
-		st.latency, st.borrowed = r.latency, false
-		return
-	}
-	if !keptUpWith(r, st) {
-		if !(st.latency > 0) {
-			st.latency = r.latency
-			if usual > 0 && usual < r.latency {
-				st.latency, st.borrowed = usual, true
+// clears.
+//
+// A pod first seen at its CPU limit has no usual latency of its own: its
+// reading then may be the queue, not the reference (a pod that Istio's
+// default balancer had overloaded before the opt-in waits minutes). Its
+// reference is provisional: it borrows the most that any pod that kept up
+// waits, scaled to its own request time (usual, 0 = unknown), when that is
+// lower, at this cycle or a later one (after a restart the speeds it is
+// scaled by are not read until the second). The borrowed reference holds
+// while the pod stays at its limit, and no longer than the queue its
+// highest reading shows takes to serve, plus a query window (window) for
+// the readings to show it served: the pod is sent almost nothing while it
+// is behind, since a backlog holds the Service on LEAST_REQUEST. A queue
+// that is still growing shows in readings that lag it (a request's latency
+// is read when it completes), so each higher reading moves that instant
+// on. Then, or once the pod is below its limit, its own reading is its
+// usual, so a pod whose requests wait longer than the others' for reasons
+// of its own (a far zone, a slow disk) is cut while it is overloaded and
+// no longer. The usual recent-to-window ratio learns from the cycles it
+// kept up, so an overload does not teach the alarm to ignore the next one.
+func (st *podState) noteLatency(r reading, usual float64, now time.Time, window time.Duration) {
+	// A day bounds the conversion: no queue is served that slowly.
+	until := now.Add(time.Duration(min(r.latency, 86400)*float64(time.Second)) + window)
+	switch {
+	case !r.hasLatency:
+		st.latency, st.provisional = 0, time.Time{}
+	case keptUpWith(r, st):
+		st.latency, st.provisional = r.latency, time.Time{}
+		if r.recentLatency > 0 {
+			st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
+		}
+	case !(st.latency > 0):
+		st.latency = r.latency
+		if r.saturated {
+			st.provisional, st.peak = until, r.latency
+			if usual > 0 {
+				st.latency = min(r.latency, usual)
 			}
 		}
-		return
-	}
-	st.latency, st.borrowed = r.latency, false
-	if r.recentLatency > 0 {
-		st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
+	case st.provisional.IsZero():
+		// Behind: its usual stays.
+	case !r.saturated || now.After(st.provisional):
+		st.latency, st.provisional = r.latency, time.Time{}
+	default:
+		if r.latency > st.peak {
+			st.provisional, st.peak = until, r.latency
+		}
+		if usual > 0 {
+			st.latency = min(st.latency, usual)
+		}
 	}
 }
 

@@ -27,10 +27,11 @@
 //     latency (Erlang C) or its node's idle CPU. A backlog is the queue
 //     beyond a pod's usual: sent minus served while the clients follow the
 //     weights, and by Little's law its request rate times the latency beyond
-//     its usual. A pod first seen behind borrows as its usual latency the
-//     most a pod that kept up waits, scaled to its speed, while it stays at
-//     its CPU limit: its own reading then is the queue. A pod without data
-//     gives no reading, never a zero.
+//     its usual. A pod first seen at its CPU limit borrows as its usual
+//     latency the most a pod that kept up waits, scaled to its speed (its
+//     own reading then may be the queue), while it stays at its limit and
+//     no longer than that queue takes to serve. A pod without data gives
+//     no reading, never a zero.
 //  2. estimate (estimate.go): one Kalman filter per pod over log speed
 //     (and one over log cores for a pod without a limit): a mean and a
 //     variance. The readings' noise is measured from the residuals (for

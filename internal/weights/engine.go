@@ -102,14 +102,18 @@ type podState struct {
 	// hot: at the last cycle the pod used all the CPU it could; hotBlind:
 	// and there were no request rates to measure its queue by.
 	hot, hotBlind bool
-	// latency is the latency the last cycle saw (the higher of the
-	// window's and the recent one), 0 = none; latencyRatios the pod's last
-	// log(recent/window) while it kept up (see Alarm).
+	// latency is the pod's usual latency, its window's at the last cycle
+	// in which it kept up (see noteLatency), 0 = none; latencyRatios the
+	// pod's last log(recent/window) while it kept up (see Alarm).
 	latency       float64
 	latencyRatios []float64
-	// borrowed: latency is not the pod's own but taken from the pods that
-	// kept up (see noteLatency), until the pod is below its CPU limit.
-	borrowed bool
+	// provisional: latency is not yet the pod's usual (see noteLatency):
+	// it was first seen at its CPU limit, and until this instant, or until
+	// it is below its limit, a lower reference borrowed from the pods that
+	// kept up may stand for it. Zero: latency is the pod's own. peak: the
+	// highest latency read since, which set the instant.
+	provisional time.Time
+	peak        float64
 	// recentRatios: the pod's last log(recent CPU / window CPU) while
 	// below its limit (see readRecentCPU).
 	recentRatios []float64

@@ -149,7 +149,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		if !obs.Early {
 			st.backlogs = appendBacklog(st.backlogs, backlogPoint{now, r.backlog}, e.params.memory())
 		}
-		st.noteLatency(r, usual)
+		st.noteLatency(r, usual, now, e.params.QueryWindow)
 	}
 
 	// Decide. Where no pod's cores are known nothing relates the load to
