@@ -119,7 +119,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			e.load.update(math.Log(total), math.Log(total), e.noise*e.noise, e.overlapInflation(), e.params, false)
 		}
 	}
-	// What a pod first seen behind may borrow as its usual latency (see
+	// What a pod first seen at its CPU limit may borrow as its usual latency (see
 	// noteLatency): the most a pod that kept up waits, scaled to the pod's
 	// request time where that is longer (latency times requests per
 	// CPU-second, over the pod's own). Only with speeds from request rates,
