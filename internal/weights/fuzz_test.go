@@ -63,6 +63,7 @@ type fuzzStep struct {
 	apply   bool
 	mirror  []Pod // a changed set asked of Weights
 	seedMap map[string]uint32
+	settled bool // seed as a restarted manager does (SeedSettled), with the engine's own Snapshot
 }
 
 func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
@@ -103,9 +104,20 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 		if in.byte()%7 == 0 {
 			step.obs.Err = errors.New("down")
 		}
+		step.obs.Early = in.byte()%5 == 0
+		step.obs.Balancer = []Balancer{"", BalancerRoundRobin, BalancerLeastRequest}[in.byte()%3]
 		for _, pod := range pods {
 			if in.byte()%5 != 0 {
-				step.obs.Signals[pod.Name] = Signal{CPU: in.float(), Requests: in.float(), Latency: in.float()}
+				sig := Signal{CPU: in.float(), Requests: in.float(), Latency: in.float()}
+				if in.byte()%3 == 0 {
+					sig.CPU = pod.Cores // at its CPU limit: the censored readings
+				}
+				if b := in.byte(); b%2 == 0 {
+					sig.NodeCPU, sig.RecentCPU, sig.RecentLatency = in.float(), in.float(), in.float()
+				} else if b%3 == 0 {
+					sig.RecentLatency = sig.Latency * float64(b%16) // a recent queue, as alarms see it
+				}
+				step.obs.Signals[pod.Name] = sig
 			}
 		}
 		if in.byte()%5 == 0 {
@@ -116,6 +128,7 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 			for _, pod := range pods {
 				step.seedMap[pod.Name] = in.weight()
 			}
+			step.settled = in.byte()%2 == 0
 		}
 		steps = append(steps, step)
 	}
@@ -159,9 +172,19 @@ func FuzzUpdate(f *testing.F) {
 		slices.Reverse(reversed)
 		e, mirrorImage := New(p), New(p)
 		for k, step := range steps {
-			if step.seedMap != nil {
+			switch {
+			case step.settled:
+				s := e.Snapshot()
+				e.SeedSettled(step.obs.Time, step.seedMap, s)
+				mirrorImage.SeedSettled(step.obs.Time, step.seedMap, s)
+			case step.seedMap != nil:
 				e.Seed(step.obs.Time, step.seedMap)
 				mirrorImage.Seed(step.obs.Time, step.seedMap)
+			}
+			pod, why, ring := e.Alarm(pods, step.obs)
+			otherPod, _, otherRing := mirrorImage.Alarm(reversed, step.obs)
+			if ring != otherRing || pod != otherPod || ring != (why != "") {
+				t.Fatalf("cycle %d: alarm depends on pod order or has no reason: %q %q %v, %q %v", k+1, pod, why, ring, otherPod, otherRing)
 			}
 			res := e.Update(pods, step.obs)
 			other := mirrorImage.Update(reversed, step.obs)
