@@ -370,6 +370,76 @@ func TestQueryTLS(t *testing.T) {
 	})
 }
 
+// A CA bundle rotated in place is trusted at the next connection, without
+// a restart, and the backend's name is still verified against it.
+func TestQueryTLSCARotation(t *testing.T) {
+	serverCert := func(ca *x509.Certificate, key *ecdsa.PrivateKey, ips ...net.IP) tls.Certificate {
+		return issueCert(t, ca, key, &x509.Certificate{Subject: pkix.Name{CommonName: "prometheus"}, IPAddresses: ips,
+			DNSNames: []string{"prometheus.test"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	}
+	oldCA, oldKey := newCA(t)
+	newCA_, newKey := newCA(t)
+	loopback := net.ParseIP("127.0.0.1")
+	var serving atomic.Pointer[tls.Certificate]
+	cert := serverCert(oldCA, oldKey, loopback)
+	serving.Store(&cert)
+	srv := httptest.NewUnstartedServer(fixed(200, vectorBody("a", "1")))
+	// GetConfigForClient, not GetCertificate: httptest installs its own
+	// certificate, which crypto/tls prefers when the client sends no SNI
+	// (an IP address).
+	srv.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return &tls.Config{Certificates: []tls.Certificate{*serving.Load()}}, nil
+	}}
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // expected handshake failures
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	writeCA := func(ca *x509.Certificate, at time.Time) {
+		writeFile(t, caFile, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})))
+		if err := os.Chtimes(caFile, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeCA(oldCA, time.Now())
+	s := newSource(t, Config{URL: srv.URL, CAFile: caFile})
+	if _, err := query(t, s); err != nil {
+		t.Fatalf("Query() with the CA that signed the backend's certificate: %v", err)
+	}
+
+	// The backend moves to a certificate from a new CA.
+	cert = serverCert(newCA_, newKey, loopback)
+	serving.Store(&cert)
+	s.Close()
+	var uae x509.UnknownAuthorityError
+	if _, err := query(t, s); !errors.As(err, &uae) {
+		t.Fatalf("Query() with the old CA bundle: error = %v, want x509.UnknownAuthorityError", err)
+	}
+	writeCA(newCA_, time.Now().Add(time.Minute))
+	if _, err := query(t, s); err != nil {
+		t.Fatalf("Query() after the CA bundle was rotated in place: %v", err)
+	}
+
+	// A rotation that leaves a broken file keeps the last good bundle.
+	writeFile(t, caFile, "not a certificate")
+	future := time.Now().Add(2 * time.Minute)
+	_ = os.Chtimes(caFile, future, future)
+	s.Close()
+	if _, err := query(t, s); err != nil {
+		t.Fatalf("Query() after the CA file was broken: %v, want the last good bundle used", err)
+	}
+
+	// The name is still verified: a certificate from the trusted CA that
+	// does not name the address asked for is refused.
+	writeCA(newCA_, time.Now().Add(3*time.Minute))
+	cert = serverCert(newCA_, newKey)
+	serving.Store(&cert)
+	s.Close()
+	var he x509.HostnameError
+	if _, err := query(t, s); !errors.As(err, &he) {
+		t.Fatalf("Query() of a backend whose certificate does not name it: error = %v, want x509.HostnameError", err)
+	}
+}
+
 func TestQueryMutualTLS(t *testing.T) {
 	dir := t.TempDir()
 	clientCA, clientCAKey := newCA(t)
@@ -848,29 +918,31 @@ func newCA(t *testing.T) (*x509.Certificate, *ecdsa.PrivateKey) {
 
 func issueClientCert(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, cn, certFile, keyFile string) {
 	t.Helper()
+	cert := issueCert(t, ca, caKey, &x509.Certificate{Subject: pkix.Name{CommonName: cn}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	writeFile(t, certFile, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]})))
+	keyDER, err := x509.MarshalECPrivateKey(cert.PrivateKey.(*ecdsa.PrivateKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, keyFile, string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
+}
+
+// issueCert signs a leaf certificate from tmpl (subject, usages, names)
+// with ca, valid for the hour around now.
+func issueCert(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey, tmpl *x509.Certificate) tls.Certificate {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	tmpl.SerialNumber, _ = rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, certFile, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
-	writeFile(t, keyFile, string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // A backend whose connection breaks while the answer is being read is

@@ -48,14 +48,12 @@ func newTransport(cfg Config) (*authTransport, error) {
 		MinVersion:         tls.VersionTLS12,
 		InsecureSkipVerify: cfg.InsecureSkipVerify, //nolint:gosec // explicit user opt-in
 	}
+	var ca *caLoader
 	if cfg.CAFile != "" {
-		pem, err := os.ReadFile(cfg.CAFile)
+		ca = &caLoader{file: cfg.CAFile}
+		pool, err := ca.get()
 		if err != nil {
-			return nil, fmt.Errorf("reading CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA file %s holds no PEM certificate", cfg.CAFile)
+			return nil, err
 		}
 		tlsCfg.RootCAs = pool
 	}
@@ -116,6 +114,7 @@ func newTransport(cfg Config) (*authTransport, error) {
 	return &authTransport{
 		host:      hostPort(u),
 		base:      base,
+		ca:        ca,
 		headers:   headers,
 		token:     cfg.BearerToken,
 		tokenFile: cfg.BearerTokenFile,
@@ -174,6 +173,30 @@ type authTransport struct {
 	token     string
 	tokenFile string
 	files     FileCredentials
+	// ca, when set, is the CA bundle file: a new bundle there swaps base
+	// for a transport that trusts it (see transport).
+	ca     *caLoader
+	baseMu sync.Mutex
+}
+
+// transport is the transport for the next request: base, or a copy that
+// trusts the CA bundle as it is now in the CA file, so that a bundle
+// rotated in place (a mounted Secret or ConfigMap) is trusted without a
+// restart, by the standard verification (names and IP addresses). The
+// copy opens new connections; the old transport's idle ones are closed.
+func (t *authTransport) transport() *http.Transport {
+	t.baseMu.Lock()
+	defer t.baseMu.Unlock()
+	if t.ca == nil {
+		return t.base
+	}
+	if pool, err := t.ca.get(); err == nil && pool != t.base.TLSClientConfig.RootCAs {
+		old := t.base
+		t.base = old.Clone()
+		t.base.TLSClientConfig.RootCAs = pool
+		old.CloseIdleConnections()
+	}
+	return t.base
 }
 
 // fileHeaders reads the credentials kept in files, on every request (one
@@ -206,7 +229,7 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// A redirect to another host (a login page, another virtual
 		// host): the backend's credentials and headers are not sent
 		// there, as Go's client itself drops Authorization across hosts.
-		return t.base.RoundTrip(req)
+		return t.transport().RoundTrip(req)
 	}
 	token := t.token
 	if t.tokenFile != "" {
@@ -228,7 +251,7 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	if token == "" && len(t.headers) == 0 && len(fromFiles) == 0 {
-		return t.base.RoundTrip(req)
+		return t.transport().RoundTrip(req)
 	}
 	r := req.Clone(req.Context())
 	for _, hs := range []http.Header{t.headers, fromFiles} {
@@ -243,10 +266,10 @@ func (t *authTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if token != "" {
 		r.Header.Set("Authorization", "Bearer "+token)
 	}
-	return t.base.RoundTrip(r)
+	return t.transport().RoundTrip(r)
 }
 
-func (t *authTransport) CloseIdleConnections() { t.base.CloseIdleConnections() }
+func (t *authTransport) CloseIdleConnections() { t.transport().CloseIdleConnections() }
 
 // readSecret reads a password or header value: surrounding white space
 // (a trailing newline from `echo` or an editor) is dropped.
@@ -312,6 +335,50 @@ func (l *certLoader) get() (*tls.Certificate, error) {
 		l.certMod, l.keyMod = cs.ModTime(), ks.ModTime()
 	}
 	return l.cert, nil
+}
+
+// caLoader serves the CA bundle the backend's certificate is verified
+// against, and reloads it when the file changes (CA bundles rotate in place
+// too). If a reload fails, the last good bundle stays in use.
+type caLoader struct {
+	file string
+
+	mu   sync.Mutex
+	pool *x509.CertPool
+	mod  time.Time
+}
+
+func (l *caLoader) get() (*x509.CertPool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, serr := os.Stat(l.file)
+	if serr == nil && l.pool != nil && st.ModTime().Equal(l.mod) {
+		return l.pool, nil
+	}
+	pool, err := readCAs(l.file)
+	if err != nil {
+		if l.pool != nil {
+			return l.pool, nil
+		}
+		return nil, err
+	}
+	l.pool = pool
+	if serr == nil {
+		l.mod = st.ModTime()
+	}
+	return l.pool, nil
+}
+
+func readCAs(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading CA file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("CA file %s holds no PEM certificate", file)
+	}
+	return pool, nil
 }
 
 // hostPort is u's host and port, with the scheme's default port when u
