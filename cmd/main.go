@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -44,9 +45,35 @@ import (
 // 150 MiB resident at the same CPU (docs/scale.md).
 const defaultGCPercent = 50
 
+// memoryLimitShare is the share of the container's memory limit
+// (CONTAINER_MEMORY_LIMIT, in bytes, from the Deployment's resourceFieldRef)
+// that the manager gives the Go runtime as its soft limit when GOMEMLIMIT is
+// not set. The runtime counts only its own memory; the cgroup also counts
+// kernel socket buffers and page cache, and Go's GC guide advises 5-10%
+// headroom for what the runtime does not see.
+const memoryLimitShare = 0.9
+
+// memoryLimit is the Go memory limit to set from the environment: none when
+// GOMEMLIMIT is set (the runtime reads it) or the container's limit is not
+// known.
+func memoryLimit(lookup func(string) (string, bool)) (int64, bool) {
+	if _, set := lookup("GOMEMLIMIT"); set {
+		return 0, false
+	}
+	v, _ := lookup("CONTAINER_MEMORY_LIMIT")
+	limit, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || limit <= 0 {
+		return 0, false
+	}
+	return int64(float64(limit) * memoryLimitShare), true
+}
+
 func main() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(defaultGCPercent)
+	}
+	if limit, ok := memoryLimit(os.LookupEnv); ok {
+		debug.SetMemoryLimit(limit)
 	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)

@@ -91,3 +91,25 @@ func TestStartManagerStopsWhenCachesNeverSynced(t *testing.T) {
 }
 
 var errSlowStop = errors.New("slow stop")
+
+func TestMemoryLimitLeavesHeadroom(t *testing.T) {
+	env := func(vars map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := vars[k]; return v, ok }
+	}
+	for name, c := range map[string]struct {
+		vars  map[string]string
+		limit int64
+		set   bool
+	}{
+		"container limit":      {map[string]string{"CONTAINER_MEMORY_LIMIT": "536870912"}, 483183820, true},
+		"GOMEMLIMIT wins":      {map[string]string{"CONTAINER_MEMORY_LIMIT": "536870912", "GOMEMLIMIT": "300MiB"}, 0, false},
+		"no limit":             {map[string]string{}, 0, false},
+		"not a number":         {map[string]string{"CONTAINER_MEMORY_LIMIT": "512Mi"}, 0, false},
+		"zero (no limit seen)": {map[string]string{"CONTAINER_MEMORY_LIMIT": "0"}, 0, false},
+	} {
+		limit, set := memoryLimit(env(c.vars))
+		if limit != c.limit || set != c.set {
+			t.Errorf("%s: memoryLimit = %d, %v; want %d, %v", name, limit, set, c.limit, c.set)
+		}
+	}
+}
