@@ -418,6 +418,13 @@ func TestQueryTLSCARotation(t *testing.T) {
 	if _, err := query(t, s); err != nil {
 		t.Fatalf("Query() after the CA bundle was rotated in place: %v", err)
 	}
+	// The same bundle written again keeps the transport and its
+	// connections.
+	before := s.transport.transport()
+	writeCA(newCA_, time.Now().Add(90*time.Second))
+	if _, err := query(t, s); err != nil || s.transport.transport() != before {
+		t.Errorf("the same bundle written again: error %v, transport replaced %v", err, s.transport.transport() != before)
+	}
 
 	// A rotation that leaves a broken file keeps the last good bundle.
 	writeFile(t, caFile, "not a certificate")

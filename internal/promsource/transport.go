@@ -356,11 +356,19 @@ func (l *caLoader) get() (*x509.CertPool, error) {
 		return l.pool, nil
 	}
 	pool, err := readCAs(l.file)
-	if err != nil {
-		if l.pool != nil {
-			return l.pool, nil
-		}
+	if serr == nil && l.pool != nil {
+		// Read once per change, whatever it holds: a broken file is not
+		// read again on every request.
+		l.mod = st.ModTime()
+	}
+	switch {
+	case err != nil && l.pool != nil:
+		return l.pool, nil
+	case err != nil:
 		return nil, err
+	case l.pool != nil && pool.Equal(l.pool):
+		// The same bundle written again: the connections stay.
+		return l.pool, nil
 	}
 	l.pool = pool
 	if serr == nil {

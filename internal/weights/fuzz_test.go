@@ -63,7 +63,8 @@ type fuzzStep struct {
 	apply   bool
 	mirror  []Pod // a changed set asked of Weights
 	seedMap map[string]uint32
-	settled bool // seed as a restarted manager does (SeedSettled), with the engine's own Snapshot
+	settled bool     // a restarted manager: new engines seeded by SeedSettled with snap
+	snap    Snapshot // what the manager before persisted, however odd
 }
 
 func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
@@ -129,6 +130,9 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 				step.seedMap[pod.Name] = in.weight()
 			}
 			step.settled = in.byte()%2 == 0
+			if step.settled {
+				step.snap = Snapshot{Noise: in.float(), NoiseCycles: int(in.byte()) - 8, CycleSeconds: in.float(), CoresNoise: in.float()}
+			}
 		}
 		steps = append(steps, step)
 	}
@@ -174,9 +178,9 @@ func FuzzUpdate(f *testing.F) {
 		for k, step := range steps {
 			switch {
 			case step.settled:
-				s := e.Snapshot()
-				e.SeedSettled(step.obs.Time, step.seedMap, s)
-				mirrorImage.SeedSettled(step.obs.Time, step.seedMap, s)
+				e, mirrorImage = New(p), New(p)
+				e.SeedSettled(step.obs.Time, step.seedMap, step.snap)
+				mirrorImage.SeedSettled(step.obs.Time, step.seedMap, step.snap)
 			case step.seedMap != nil:
 				e.Seed(step.obs.Time, step.seedMap)
 				mirrorImage.Seed(step.obs.Time, step.seedMap)
