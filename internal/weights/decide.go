@@ -227,33 +227,25 @@ func utilisationAt(c, v, m float64) float64 {
 	return lo
 }
 
-// timeInSystem is the objective, sum x_i T_i(x_i), with the wait of
-// tangentWait.
+// timeInSystem is the objective, sum x_i T_i(x_i). Past a utilisation of
+// 0.99 the wait is continued along its tangent, so that weights that
+// overload a pod compare as very bad rather than as infinite (two
+// overloads can then still be told apart).
 func timeInSystem(pods []decidePod, x []float64) float64 {
 	sum := 0.0
 	for i, p := range pods {
 		if !(x[i] > 0) || !(p.c > 0) || !(p.v > 0) {
 			continue
 		}
-		w, _, _ := tangentWait(p.c, x[i]/(p.c*p.v))
+		rho := x[i] / (p.c * p.v)
+		w := sakasegawaWait(p.c, min(rho, 0.99))
+		if rho > 0.99 {
+			slope := (w - sakasegawaWait(p.c, 0.98)) / 0.01
+			w += slope * (rho - 0.99)
+		}
 		sum += x[i] / p.v * (1 + w)
 	}
 	return sum
-}
-
-// tangentWait is the wait over the service time at utilisation rho:
-// Sakasegawa's up to 0.99, continued past it along its tangent (the
-// secant over the last percent, of slope slope), so that weights that
-// overload a pod compare as very bad rather than as infinite (two
-// overloads can then still be told apart, and the gain of relieving one
-// has a finite bar). onTangent: rho is past 0.99.
-func tangentWait(c, rho float64) (w, slope float64, onTangent bool) {
-	w = sakasegawaWait(c, min(rho, 0.99))
-	if rho <= 0.99 {
-		return w, 0, false
-	}
-	slope = (w - sakasegawaWait(c, 0.98)) / 0.01
-	return w + slope*(rho-0.99), slope, true
 }
 
 // curvature is d²(x T(x))/dx² of one pod at x: how much a misplaced unit
@@ -264,10 +256,8 @@ func curvature(p decidePod, x float64) float64 {
 	if !(rho > 0) {
 		rho = 1e-6
 	}
-	if _, slope, on := tangentWait(p.c, rho); on {
-		// On the tangent x T(x) is (x/v)(1 + a + slope x/mu): its second
-		// derivative is 2 slope/(v mu).
-		return 2 * slope / (p.v * mu)
+	if rho >= 1 {
+		return math.Inf(1)
 	}
 	h := min(1e-4, (1-rho)/4)
 	d := (sakasegawaCost(p.c, rho+h) - sakasegawaCost(p.c, max(rho-h, 0))) / (rho + h - max(rho-h, 0))

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"testing"
-	"time"
 )
 
 // A pod that reaches its CPU limit within the window served the window's
@@ -88,38 +87,5 @@ func TestLoadStepIsNotAChangeOfSpeed(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// After a step of the load past the solver's cap the weights follow it:
-// both sides of a write are judged at the load the engine estimates.
-// Judged at the cap, the targets of a load past it (every pod equally
-// busy) compared as worse than live weights solved for a load below it,
-// which run the many-core pods fuller, past their capacity at the new load,
-// and nothing was written.
-func TestALoadStepPastTheCapIsWorthAWrite(t *testing.T) {
-	p := DefaultParams()
-	set := []Pod{{Name: "small-0"}, {Name: "small-1"}, {Name: "large-0"}, {Name: "large-1"}}
-	cores, speeds := []float64{2, 2, 8, 8}, []float64{1, 1, 1, 1}
-	dp := make([]decidePod, len(set))
-	capacity := 0.0
-	for i := range set {
-		dp[i] = decidePod{c: cores[i], v: speeds[i], upper: math.Inf(1)}
-		capacity += cores[i] * speeds[i]
-	}
-	weightsAt := func(load float64) []float64 {
-		return p.proposalFrom(time.Time{}, set, Split(cores, speeds, load*capacity))
-	}
-	live := map[string]uint32{}
-	for i, w := range weightsAt(0.9) {
-		live[set[i].Name] = uint32(math.Round(w))
-	}
-	logVar := []float64{1e-6, 1e-6, 1e-6, 1e-6} // settled estimates: the noise's bar is not the question
-	if gain, bar, _, _ := p.judge(set, live, weightsAt(0.96), dp, logVar, nil, 0.96*capacity); gain <= bar {
-		t.Errorf("at 96%% load, the weights of 90%% (%v) against those of 96%%: gain %.3g within the bar %.3g", live, gain, bar)
-	}
-	// At the load the live weights were solved for, the targets are theirs.
-	if gain, bar, _, _ := p.judge(set, live, weightsAt(0.9), dp, logVar, nil, 0.9*capacity); gain > bar {
-		t.Errorf("at 90%% load, the weights of 90%% against themselves: gain %.3g past the bar %.3g", gain, bar)
 	}
 }

@@ -17,15 +17,8 @@ import (
 // off at about half load costs that much). Noise alone moves the targets
 // by about their standard deviation, so it does not pass; near full load a
 // misplaced unit of traffic costs more (T'' grows with the utilisation),
-// and a smaller gap is worth a write. Both sides are judged at the load
-// the engine estimates, past the solver's cap too, where a pod's wait
-// follows its tangent (tangentWait): a pod sent its capacity or more costs
-// much, not infinitely, and its T'' stays finite. Judged at the cap
-// instead, targets for a load past it (every pod equally busy) compared as
-// worse than live weights solved for a lower load, and after a load step
-// to 95% the weights did not follow (a p99 2.9x the best static
-// weights', where a chance spell of LEAST_REQUEST did not hide it). Then
-// the step bounds (MaxStep), the
+// and a smaller gap is worth a write. A pod sent its capacity
+// or more makes the gain infinite. Then the step bounds (MaxStep), the
 // ratio bounds (MaxRatio: gRPC clients clip at 0.1x-10x of the mean), and
 // integers of at least 1 whose sum per locality stays below 2^32-1.
 
@@ -81,8 +74,8 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 	for _, d := range dp {
 		capacity += d.c * d.v
 	}
-	total := load
-	if !(total > 0) || math.IsInf(total, 0) {
+	total := min(load, maxUtilisation*capacity)
+	if !(total > 0) {
 		total = capacity / 2 // unknown load: judged at half load
 	}
 	xl := make([]float64, len(set))
