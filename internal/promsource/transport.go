@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,9 +49,9 @@ func newTransport(cfg Config) (*authTransport, error) {
 		MinVersion:         tls.VersionTLS12,
 		InsecureSkipVerify: cfg.InsecureSkipVerify, //nolint:gosec // explicit user opt-in
 	}
-	var ca *caLoader
+	var ca *fileReloader[*x509.CertPool]
 	if cfg.CAFile != "" {
-		ca = &caLoader{file: cfg.CAFile}
+		ca = newCALoader(cfg.CAFile)
 		pool, err := ca.get()
 		if err != nil {
 			return nil, err
@@ -61,7 +62,7 @@ func newTransport(cfg Config) (*authTransport, error) {
 		return nil, errors.New("client certificate needs both a certificate file and a key file")
 	}
 	if cfg.CertFile != "" {
-		l := &certLoader{certFile: cfg.CertFile, keyFile: cfg.KeyFile}
+		l := newCertLoader(cfg.CertFile, cfg.KeyFile)
 		if _, err := l.get(); err != nil {
 			return nil, err
 		}
@@ -175,7 +176,7 @@ type authTransport struct {
 	files     FileCredentials
 	// ca, when set, is the CA bundle file: a new bundle there swaps base
 	// for a transport that trusts it (see transport).
-	ca     *caLoader
+	ca     *fileReloader[*x509.CertPool]
 	baseMu sync.Mutex
 }
 
@@ -303,78 +304,76 @@ func readToken(file string) (string, error) {
 	return tok, nil
 }
 
-// certLoader serves a client certificate and reloads it when either file changes
-// (cert-manager and similar rotate them in place). If a reload fails, the last good
-// certificate stays in use.
-type certLoader struct {
-	certFile, keyFile string
+// fileReloader serves a value read from files, and reads it again when
+// any of them changes: cert-manager and the kubelet rotate mounted Secrets
+// and ConfigMaps in place. A changed file is read once per change,
+// whatever it holds; if the read fails, the last good value stays in use.
+// same, when set, keeps the last value (and what was built on it) when a
+// new read holds the same thing.
+type fileReloader[T any] struct {
+	files []string
+	read  func() (T, error)
+	same  func(a, b T) bool
 
-	mu      sync.Mutex
-	cert    *tls.Certificate
-	certMod time.Time
-	keyMod  time.Time
+	mu    sync.Mutex
+	value T
+	ok    bool
+	mods  []time.Time
 }
 
-func (l *certLoader) get() (*tls.Certificate, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	cs, cerr := os.Stat(l.certFile)
-	ks, kerr := os.Stat(l.keyFile)
-	if cerr == nil && kerr == nil && l.cert != nil && cs.ModTime().Equal(l.certMod) && ks.ModTime().Equal(l.keyMod) {
-		return l.cert, nil
-	}
-	cert, err := tls.LoadX509KeyPair(l.certFile, l.keyFile)
-	if err != nil {
-		if l.cert != nil {
-			return l.cert, nil
+func (r *fileReloader[T]) get() (T, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mods := make([]time.Time, len(r.files))
+	statOK := true
+	for i, f := range r.files {
+		st, err := os.Stat(f)
+		if err != nil {
+			statOK = false
+			break
 		}
-		return nil, &CredentialsError{File: l.certFile, Err: err}
+		mods[i] = st.ModTime()
 	}
-	l.cert = &cert
-	if cerr == nil && kerr == nil {
-		l.certMod, l.keyMod = cs.ModTime(), ks.ModTime()
+	if r.ok && statOK && slices.EqualFunc(mods, r.mods, time.Time.Equal) {
+		return r.value, nil
 	}
-	return l.cert, nil
-}
-
-// caLoader serves the CA bundle the backend's certificate is verified
-// against, and reloads it when the file changes (CA bundles rotate in place
-// too). If a reload fails, the last good bundle stays in use.
-type caLoader struct {
-	file string
-
-	mu   sync.Mutex
-	pool *x509.CertPool
-	mod  time.Time
-}
-
-func (l *caLoader) get() (*x509.CertPool, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	st, serr := os.Stat(l.file)
-	if serr == nil && l.pool != nil && st.ModTime().Equal(l.mod) {
-		return l.pool, nil
-	}
-	pool, err := readCAs(l.file)
-	if serr == nil && l.pool != nil {
-		// Read once per change, whatever it holds: a broken file is not
-		// read again on every request.
-		l.mod = st.ModTime()
+	v, err := r.read()
+	if statOK && r.ok {
+		r.mods = mods
 	}
 	switch {
-	case err != nil && l.pool != nil:
-		return l.pool, nil
+	case err != nil && r.ok:
+		return r.value, nil
 	case err != nil:
-		return nil, err
-	case l.pool != nil && pool.Equal(l.pool):
-		// The same bundle written again: the connections stay.
-		return l.pool, nil
+		var zero T
+		return zero, err
+	case r.ok && r.same != nil && r.same(v, r.value):
+		return r.value, nil
 	}
-	l.pool = pool
-	if serr == nil {
-		l.mod = st.ModTime()
+	r.value, r.ok = v, true
+	if statOK {
+		r.mods = mods
 	}
-	return l.pool, nil
+	return r.value, nil
+}
+
+// newCertLoader serves the client certificate of certFile and keyFile.
+func newCertLoader(certFile, keyFile string) *fileReloader[*tls.Certificate] {
+	return &fileReloader[*tls.Certificate]{files: []string{certFile, keyFile}, read: func() (*tls.Certificate, error) {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, &CredentialsError{File: certFile, Err: err}
+		}
+		return &cert, nil
+	}}
+}
+
+// newCALoader serves the CA bundle of file, which the backend's
+// certificate is verified against; the same bundle written again keeps the
+// pool, and so the connections (see authTransport.transport).
+func newCALoader(file string) *fileReloader[*x509.CertPool] {
+	return &fileReloader[*x509.CertPool]{files: []string{file}, read: func() (*x509.CertPool, error) { return readCAs(file) },
+		same: (*x509.CertPool).Equal}
 }
 
 func readCAs(file string) (*x509.CertPool, error) {
