@@ -108,35 +108,37 @@ func (st *podState) alarmed(ratio float64) bool {
 // no longer. The usual recent-to-window ratio learns from the cycles it
 // kept up, so an overload does not teach the alarm to ignore the next one.
 func (st *podState) noteLatency(r reading, usual float64, now time.Time, window time.Duration) {
-	// A day bounds the conversion: no queue is served that slowly.
-	until := now.Add(time.Duration(min(r.latency, 86400)*float64(time.Second)) + window)
 	switch {
 	case !r.hasLatency:
 		st.latency, st.provisional = 0, time.Time{}
+		return
 	case keptUpWith(r, st):
 		st.latency, st.provisional = r.latency, time.Time{}
 		if r.recentLatency > 0 {
 			st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
 		}
+		return
 	case !(st.latency > 0):
 		st.latency = r.latency
-		if r.saturated {
-			st.provisional, st.peak = until, r.latency
-			if usual > 0 {
-				st.latency = min(r.latency, usual)
-			}
+		if !r.saturated {
+			return
 		}
+		// First seen at its limit: provisional from now on.
 	case st.provisional.IsZero():
-		// Behind: its usual stays.
+		return // behind: its usual stays
 	case !r.saturated || now.After(st.provisional):
 		st.latency, st.provisional = r.latency, time.Time{}
-	default:
-		if r.latency > st.peak {
-			st.provisional, st.peak = until, r.latency
-		}
-		if usual > 0 {
-			st.latency = min(st.latency, usual)
-		}
+		return
+	}
+	// Provisional: a higher reading moves the deadline on (a day bounds
+	// the conversion: no queue is served that slowly), and the borrowed
+	// reference stands where it is lower.
+	if st.provisional.IsZero() || r.latency > st.peak {
+		st.provisional = now.Add(time.Duration(min(r.latency, 86400)*float64(time.Second)) + window)
+		st.peak = r.latency
+	}
+	if usual > 0 {
+		st.latency = min(st.latency, usual)
 	}
 }
 
