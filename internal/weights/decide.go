@@ -188,6 +188,41 @@ func solve(pods []decidePod, load float64) []float64 {
 	return x
 }
 
+// bounded reports, for traffic x that solve gave at a known load, which
+// pods it holds at their utilisation cap or upper bound: all of the free
+// ones past every cap, where it gives capacity shares. Nil where the load
+// is unknown, for no cap applies there.
+func bounded(pods []decidePod, x []float64, load float64) []bool {
+	if !(load > 0) || math.IsInf(load, 0) {
+		return nil
+	}
+	out := make([]bool, len(pods))
+	for i, p := range pods {
+		if p.fixed || !(p.c > 0) || !(p.v > 0) {
+			continue
+		}
+		// To the bisection's precision, which solve's last rescaling
+		// keeps within a part in a billion.
+		out[i] = x[i] >= min(maxUtilisation*p.c*p.v, p.upper)*(1-1e-9)
+	}
+	return out
+}
+
+// marginalCost is d(x T(x))/dx of one pod at x, on timeInSystem's curve
+// (its tangent past 0.99); 0 for a pod without traffic or model.
+func marginalCost(p decidePod, x float64) float64 {
+	if !(x > 0) || !(p.c > 0) || !(p.v > 0) {
+		return 0
+	}
+	rho := x / (p.c * p.v)
+	if rho <= 0.99 {
+		return (1 + sakasegawaCost(p.c, rho)) / p.v
+	}
+	w := sakasegawaWait(p.c, 0.99)
+	slope := (w - sakasegawaWait(p.c, 0.98)) / 0.01
+	return (1 + w + slope*(rho-0.99) + rho*slope) / p.v
+}
+
 // sakasegawaCost is d(rho w)/d rho for c cores at utilisation rho.
 func sakasegawaCost(c, rho float64) float64 {
 	if rho <= 0 {

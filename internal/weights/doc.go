@@ -54,7 +54,9 @@
 //     traffic. Where no pod's cores are known the load cannot be related
 //     to the capacity, and the solver gives capacity shares.
 //  4. publish (publish.go): new weights are written only when their
-//     predicted gain over the live weights, in the same objective, beats
+//     predicted gain over the live weights, in the same objective
+//     (the objective with the solver's bounds priced in: its Lagrangian,
+//     so that weights past the cap, cheaper in T alone, are no gain) beats
 //     what the estimates' noise carried through the solver could show by
 //     chance (zSigmas; a settled estimate's noise, or a speed estimate's
 //     own while it has only begun) plus a write's cost (DeadBand² of the

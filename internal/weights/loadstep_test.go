@@ -3,7 +3,9 @@ package weights
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
+	"time"
 )
 
 // A pod that reaches its CPU limit within the window served the window's
@@ -87,5 +89,58 @@ func TestLoadStepIsNotAChangeOfSpeed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A load step past the utilisation cap moves the weights to the solver's
+// targets there, capacity shares, however far past it: judged by T alone,
+// weights solved for a lower load ran many-core pods past the cap at a
+// lower cost, and after a step from 0.9 to 0.95 of capacity they were
+// kept ("would gain 0%") while the many-core pods ran at 0.98. And the
+// targets, or targets an estimate's standard deviation off, written
+// before, are not rewritten.
+func TestLoadStepPastTheCapMovesTheWeights(t *testing.T) {
+	p := DefaultParams()
+	set := []Pod{{Name: "two-a"}, {Name: "two-b"}, {Name: "eight-a"}, {Name: "eight-b"}}
+	dp := make([]decidePod, len(set))
+	capacity := 0.0
+	for i, c := range []float64{2, 2, 8, 8} {
+		dp[i] = decidePod{c: c, v: 1, upper: math.Inf(1)}
+		capacity += c
+	}
+	// A settled estimate's log-variance: a reading's noise of about 2%
+	// through Smoothing.
+	logVar := []float64{2e-5, 2e-5, 2e-5, 2e-5}
+	weightsAt := func(load float64, skew []float64) (map[string]uint32, []float64, []bool) {
+		d := slices.Clone(dp)
+		for i := range d {
+			d[i].v *= skew[i]
+		}
+		x := solve(d, load*capacity)
+		proposal := p.proposalFrom(time.Time{}, set, x)
+		w := map[string]uint32{}
+		for i, pod := range set {
+			w[pod.Name] = roundWeight(proposal[i])
+		}
+		return w, proposal, bounded(dp, solve(dp, load*capacity), load*capacity)
+	}
+	none := []float64{1, 1, 1, 1}
+	before, _, _ := weightsAt(0.9, none)
+	for _, load := range []float64{0.95, 0.99, 1.0, 1.05} {
+		same, proposal, bound := weightsAt(load, none)
+		if gain, bar, _, _ := p.judge(set, before, slices.Clone(proposal), dp, bound, logVar, nil, load*capacity); gain <= bar {
+			t.Errorf("load 0.9 -> %v: live %v, targets %v: gain %.3g within the bar %.3g", load, before, same, gain, bar)
+		}
+		if gain, bar, _, _ := p.judge(set, same, slices.Clone(proposal), dp, bound, logVar, nil, load*capacity); gain > bar {
+			t.Errorf("load %v: the targets %v written: gain %.3g passes the bar %.3g", load, same, gain, bar)
+		}
+		sd := math.Sqrt(logVar[0])
+		for _, sign := range []float64{1, -1} {
+			skew := []float64{math.Exp(sign * sd), math.Exp(-sign * sd), math.Exp(sign * sd), math.Exp(-sign * sd)}
+			off, _, _ := weightsAt(load, skew)
+			if gain, bar, _, _ := p.judge(set, off, slices.Clone(proposal), dp, bound, logVar, nil, load*capacity); gain > bar {
+				t.Errorf("load %v: targets %v, live %v solved an estimate's deviation off: gain %.3g passes the bar %.3g", load, same, off, gain, bar)
+			}
+		}
 	}
 }

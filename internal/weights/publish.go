@@ -8,8 +8,9 @@ import (
 // Stage 4, publish: write only when the targets are predicted to serve the
 // Service better than the live weights by more than the estimates'
 // uncertainty and a write's cost. Both sides are in the solver's
-// objective, the total time in system T: the gain is T(live) - T(targets);
-// the bar is what the same objective charges for targets each off by
+// objective, the total time in system T: the gain is T(live) -
+// T(targets), with the solver's bounds priced in (capPenalty); the bar is
+// what the same objective charges for targets each off by
 // chance past zSigmas (each pod's noise gain is ½ T''_i x_i² times the
 // variance of the gap of its target, the capacity's carried through the
 // solver: a scaled chi-square), plus the cost of a write,
@@ -54,11 +55,12 @@ func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
 
 // judge decides whether proposal is worth writing over the reference
 // weights ref, for pods modelled by dp at load (0 = unknown) with
-// log-capacity variances logVar. Pods in fixed are not compared.
+// log-capacity variances logVar; bound marks the pods the solver held at
+// their cap or upper bound (see bounded). Pods in fixed are not compared.
 //
 // loadShift is each pod's relative change of target for one standard
 // deviation of the load estimate (nil: none).
-func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, logVar, loadShift []float64, load float64) (gain, bar, maxMove float64, common int) {
+func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, bound []bool, logVar, loadShift []float64, load float64) (gain, bar, maxMove float64, common int) {
 	refSum, propSum := 0.0, 0.0
 	for i, pod := range set {
 		if w, ok := ref[pod.Name]; ok {
@@ -124,12 +126,56 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 	// approximation, and at least one pod's own zSigmas².
 	bar = max(mean+zSigmas*math.Sqrt(2*sumSq), zSigmas*zSigmas*largest)
 	lt := timeInSystem(dp, xt)
-	gain = timeInSystem(dp, xl) - lt
+	gain = timeInSystem(dp, xl) - lt + capPenalty(dp, bound, xl, xt)
 	if lt > 0 {
 		gain, bar = gain/lt, bar/lt
 	}
 	bar += p.DeadBand * p.DeadBand
 	return gain, bar, maxMove, common
+}
+
+// capPenalty is the solver's bounds' part of its Lagrangian at the live
+// traffic: for each pod the solver held at its cap or upper bound, the
+// bound's price (the marginal cost the free pods share less the pod's own;
+// where every pod is bound, the highest one's) times the live traffic's
+// excess over the target. The cap stands for what the model cannot see
+// near saturation, an estimate a few percent off, so T alone must not
+// judge weights past it. T prefers running a many-core pod past it, where
+// its queue is still short: after a load step past the cap, weights
+// solved for the lower load were kept, with many-core pods at 98%, while
+// an opt-in at the new load went to capacity shares. The targets minimise
+// T plus this term over all weights of the same total, so the gain is, to
+// second order, half T's second derivative times the gap squared, what
+// the bar charges for noise, moving traffic between two bound pods
+// included. The MaxRatio floor is no such bound: a move towards it gains
+// what T says.
+func capPenalty(dp []decidePod, bound []bool, xl, xt []float64) float64 {
+	if bound == nil {
+		return 0
+	}
+	nu, free := math.Inf(1), false
+	top := 0.0
+	for i, d := range dp {
+		if d.fixed || !(xt[i] > 0) {
+			continue
+		}
+		m := marginalCost(d, xt[i])
+		if bound[i] {
+			top = max(top, m)
+		} else if m > 0 {
+			nu, free = min(nu, m), true
+		}
+	}
+	if !free {
+		nu = top
+	}
+	pen := 0.0
+	for i, d := range dp {
+		if bound[i] && !d.fixed {
+			pen += max(nu-marginalCost(d, xt[i]), 0) * (xl[i] - xt[i])
+		}
+	}
+	return pen
 }
 
 // holdFloors compares a pod held at the MaxRatio floor by both the live
