@@ -234,6 +234,9 @@ func run() error {
 	}
 	var source controllers.MetricsSource
 	if o.prometheus.URL != "" {
+		o.prometheus.OnStaleCredentials = func(err error) {
+			logger.Error(err, "Metrics backend credentials: a rotated file is unusable; queries go on with the last good one until it expires")
+		}
 		s, err := promsource.New(o.prometheus)
 		if err != nil {
 			return fmt.Errorf("metrics backend: %w", err)

@@ -73,6 +73,12 @@ type Config struct {
 	// longer one is sent in chunks of pods (see Source.Query). Zero means
 	// DefaultMaxQueryLength.
 	MaxQueryLength int
+	// OnStaleCredentials, when set, is told when a reloaded file (the CA
+	// bundle, the client certificate or key) changed or vanished and can no
+	// longer be read, so the last good value stays in use: once per change
+	// of the file, and once when it vanishes. The queries go on working
+	// until the old certificate expires, so nothing else would show it.
+	OnStaleCredentials func(error)
 }
 
 // Source queries one backend. It is safe for concurrent use; share one Source

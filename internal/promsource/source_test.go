@@ -401,7 +401,8 @@ func TestQueryTLSCARotation(t *testing.T) {
 		}
 	}
 	writeCA(oldCA, time.Now())
-	s := newSource(t, Config{URL: srv.URL, CAFile: caFile})
+	var stale []error
+	s := newSource(t, Config{URL: srv.URL, CAFile: caFile, OnStaleCredentials: func(err error) { stale = append(stale, err) }})
 	if _, err := query(t, s); err != nil {
 		t.Fatalf("Query() with the CA that signed the backend's certificate: %v", err)
 	}
@@ -433,6 +434,23 @@ func TestQueryTLSCARotation(t *testing.T) {
 	s.Close()
 	if _, err := query(t, s); err != nil {
 		t.Fatalf("Query() after the CA file was broken: %v, want the last good bundle used", err)
+	}
+	// It says so, once for the change, and once when the file vanishes.
+	_, _ = query(t, s)
+	if len(stale) != 1 || !strings.Contains(stale[0].Error(), caFile) {
+		t.Fatalf("a broken CA file, read twice: told %q, want once, naming the file", stale)
+	}
+	if err := os.Remove(caFile); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	for range 2 {
+		if _, err := query(t, s); err != nil {
+			t.Fatalf("Query() after the CA file vanished: %v, want the last good bundle used", err)
+		}
+	}
+	if len(stale) != 2 {
+		t.Fatalf("a vanished CA file, read twice: told %d times in all, want 2", len(stale))
 	}
 
 	// The name is still verified: a certificate from the trusted CA that

@@ -52,6 +52,7 @@ func newTransport(cfg Config) (*authTransport, error) {
 	var ca *fileReloader[*x509.CertPool]
 	if cfg.CAFile != "" {
 		ca = newCALoader(cfg.CAFile)
+		ca.stale = cfg.OnStaleCredentials
 		pool, err := ca.get()
 		if err != nil {
 			return nil, err
@@ -63,6 +64,7 @@ func newTransport(cfg Config) (*authTransport, error) {
 	}
 	if cfg.CertFile != "" {
 		l := newCertLoader(cfg.CertFile, cfg.KeyFile)
+		l.stale = cfg.OnStaleCredentials
 		if _, err := l.get(); err != nil {
 			return nil, err
 		}
@@ -307,18 +309,21 @@ func readToken(file string) (string, error) {
 // fileReloader serves a value read from files, and reads it again when
 // any of them changes: cert-manager and the kubelet rotate mounted Secrets
 // and ConfigMaps in place. A changed file is read once per change,
-// whatever it holds; if the read fails, the last good value stays in use.
-// same, when set, keeps the last value (and what was built on it) when a
-// new read holds the same thing.
+// whatever it holds; if the read fails, the last good value stays in use
+// and stale, when set, is told (once per change, and once when a file
+// vanishes). same, when set, keeps the last value (and what was built on
+// it) when a new read holds the same thing.
 type fileReloader[T any] struct {
 	files []string
 	read  func() (T, error)
 	same  func(a, b T) bool
+	stale func(error)
 
-	mu    sync.Mutex
-	value T
-	ok    bool
-	mods  []time.Time
+	mu      sync.Mutex
+	value   T
+	ok      bool
+	mods    []time.Time
+	missing bool // a file was missing at the last read, and stale told
 }
 
 func (r *fileReloader[T]) get() (T, error) {
@@ -343,11 +348,17 @@ func (r *fileReloader[T]) get() (T, error) {
 	}
 	switch {
 	case err != nil && r.ok:
+		if r.stale != nil && !(r.missing && !statOK) {
+			r.stale(fmt.Errorf("%s changed and cannot be read, so the last good one stays in use: %w", strings.Join(r.files, " or "), err))
+		}
+		r.missing = !statOK
 		return r.value, nil
 	case err != nil:
 		var zero T
 		return zero, err
-	case r.ok && r.same != nil && r.same(v, r.value):
+	}
+	r.missing = false
+	if r.ok && r.same != nil && r.same(v, r.value) {
 		return r.value, nil
 	}
 	r.value, r.ok = v, true
