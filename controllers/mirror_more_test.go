@@ -362,6 +362,42 @@ func TestSeedSampleResource(t *testing.T) {
 	waitCondition(t, ns, "myapp-optimizer", "Ready", "True/Reconciled")
 }
 
+// A VirtualService for the host in another namespace, exported only
+// there, takes the host for that namespace's clients alone: the operator
+// still writes its own for everyone else and says which clients keep
+// their route. Counted as a conflict, one team's private route turned the
+// optimization off for every namespace.
+func TestVirtualServiceOfNarrowerReachKeepsOurs(t *testing.T) {
+	ns, team := newNamespace(t), newNamespace(t)
+	webService(t, ns, Ready("web-0", IP(14, 2), "node-a-"+ns))
+	user := &istionet.VirtualService{}
+	user.Namespace, user.Name = team, "web-own"
+	user.Spec.Hosts = []string{"web." + ns + ".svc.cluster.local"}
+	user.Spec.ExportTo = []string{"."}
+	user.Spec.Http = []*networking.HTTPRoute{{Route: []*networking.HTTPRouteDestination{{Destination: &networking.Destination{Host: "web." + ns + ".svc.cluster.local"}}}}}
+	mustCreate(t, user)
+
+	mustCreate(t, Optimizer(ns, "web", "web"))
+	o := waitCondition(t, ns, "web", "Degraded", "True/VirtualServiceOfNarrowerReach")
+	if msg := conditionMessage(o, "Degraded"); !strings.Contains(msg, team+"/web-own (clients in "+team+")") || !strings.Contains(msg, "web."+ns+".adaptive") {
+		t.Errorf("Degraded message %q does not name the VirtualService, its namespace and the optimized host", msg)
+	}
+	getVS(t, ns, "web-adaptive")
+	if condition(o, "Ready") != "True/Reconciled" {
+		t.Errorf("Ready = %s", condition(o, "Ready"))
+	}
+	// Exported everywhere, it is a conflict again.
+	live := &istionet.VirtualService{}
+	if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(user), live); err != nil {
+		t.Fatal(err)
+	}
+	live.Spec.ExportTo = []string{"*"}
+	if err := k8s.Update(context.Background(), live); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, ns, "web", "Degraded", "True/VirtualServiceConflict")
+}
+
 func TestUserVirtualServiceIsLeftAloneWithACondition(t *testing.T) {
 	ns := newNamespace(t)
 	webService(t, ns, Ready("web-0", IP(14, 1), "node-a-"+ns))

@@ -263,6 +263,11 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.degraded("VirtualServiceConflict", msg)
 		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", "%s", msg)
 	}
+	if n := live.narrowerVirtualServices; len(n) > 0 {
+		st.degraded("VirtualServiceOfNarrowerReach", fmt.Sprintf("VirtualService %s routes %s and is exported to those namespaces only; "+
+			"Istio routes their clients by it, so they do not use the optimized weights, and every other client does. "+
+			"To include them, point that route's destination host at %s", strings.Join(n, "; "), res.KubernetesHost, res.Host))
+	}
 	gw, err := r.planGateways(ctx, opt, &res, live, st)
 	if err != nil {
 		st.failed("ReadFailed", err.Error())
@@ -294,6 +299,10 @@ type liveObjects struct {
 	dr                   *istionet.DestinationRule
 	vs                   *istionet.VirtualService
 	otherVirtualServices []string // namespace/name of VirtualServices of others for the host
+	// narrowerVirtualServices: VirtualServices of others for the host that
+	// reach only some namespaces' clients (see desired.VirtualServiceReach),
+	// as "namespace/name (clients in a, b)".
+	narrowerVirtualServices []string
 }
 
 // conflicts names an object of our name that someone else owns.
@@ -430,8 +439,20 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 			if desired.IsOwnedBy(vs, opt) {
 				continue
 			}
-			if desired.ServesHost(vs, opt.Spec.ServiceName, ns, r.ClusterDomain) {
+			if !desired.ServesHost(vs, opt.Spec.ServiceName, ns, r.ClusterDomain) {
+				continue
+			}
+			// One exported to some namespaces only takes the host in those
+			// alone: the operator's VirtualService still serves every
+			// other client (istiod's order, proven by the conformance
+			// suite; not for the mesh routes of gateway_api, which it does
+			// not prove).
+			switch reach, everywhere := desired.VirtualServiceReach(vs); {
+			case everywhere || opt.Routing() != optv1.RoutingVirtualService:
 				live.otherVirtualServices = append(live.otherVirtualServices, vs.Namespace+"/"+vs.Name)
+			case len(reach) > 0:
+				live.narrowerVirtualServices = append(live.narrowerVirtualServices,
+					fmt.Sprintf("%s/%s (clients in %s)", vs.Namespace, vs.Name, strings.Join(reach, ", ")))
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -161,6 +162,33 @@ func hasOwners(live, want []metav1.OwnerReference) bool {
 		}
 	}
 	return true
+}
+
+// VirtualServiceReach is which clients' sidecars a VirtualService applies
+// to, by its exportTo: everywhere (empty, taken as Istio's default of all
+// namespaces, or "*"), or only those in the namespaces listed ("." is its
+// own; "~", none). For a sidecar Istio selects the VirtualServices
+// exported privately to its namespace first, then those exported to it by
+// name, then the public ones, and the first for a host wins: a
+// VirtualService of a narrower reach takes the host from the public ones
+// in those namespaces only.
+func VirtualServiceReach(vs *istionet.VirtualService) (namespaces []string, everywhere bool) {
+	if len(vs.Spec.ExportTo) == 0 {
+		return nil, true
+	}
+	for _, e := range vs.Spec.ExportTo {
+		switch e {
+		case "*":
+			return nil, true
+		case "~":
+		case ".":
+			namespaces = append(namespaces, vs.Namespace)
+		default:
+			namespaces = append(namespaces, e)
+		}
+	}
+	slices.Sort(namespaces)
+	return slices.Compact(namespaces), false
 }
 
 // ServesHost says whether a VirtualService that applies to sidecars (gateway

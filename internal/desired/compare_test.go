@@ -2,6 +2,7 @@ package desired
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	networking "istio.io/api/networking/v1alpha3"
@@ -128,4 +129,28 @@ func FuzzSpecUpToDate(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestVirtualServiceReach(t *testing.T) {
+	cases := []struct {
+		exportTo   []string
+		namespaces []string
+		everywhere bool
+	}{
+		{nil, nil, true},
+		{[]string{"*"}, nil, true},
+		{[]string{".", "*"}, nil, true},
+		{[]string{"."}, []string{"team"}, false},
+		{[]string{"b", ".", "a", "b"}, []string{"a", "b", "team"}, false},
+		{[]string{"~"}, nil, false},
+	}
+	for _, c := range cases {
+		vs := &istionet.VirtualService{}
+		vs.Namespace = "team"
+		vs.Spec.ExportTo = c.exportTo
+		ns, all := VirtualServiceReach(vs)
+		if all != c.everywhere || !slices.Equal(ns, c.namespaces) {
+			t.Errorf("exportTo %q: reach %q, everywhere %v; want %q, %v", c.exportTo, ns, all, c.namespaces, c.everywhere)
+		}
+	}
 }

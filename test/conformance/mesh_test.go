@@ -253,6 +253,59 @@ func TestExportScopeIsKept(t *testing.T) {
 	}
 }
 
+// TestVirtualServiceOfNarrowerReach: a VirtualService for the Service's
+// host in another team's namespace, exported only there (exportTo "."),
+// is what istiod routes that namespace's clients by: it selects the
+// VirtualServices exported privately to a client's namespace before the
+// public ones. The clients of every other namespace follow the operator's
+// VirtualService to the optimized host, so the operator writes it, and the
+// optimizer's condition names the namespace that keeps its own route.
+func TestVirtualServiceOfNarrowerReach(t *testing.T) {
+	ctx := testCtx(t)
+	s := meshService{ns: "vs-reach", ports: []corev1.ServicePort{httpPort("http", 80)}, ipBlock: 32}
+	s.create(t)
+	const team = "vs-reach-team"
+	x := dialClient(t, team, "127.0.9.204")
+	user := &istionet.VirtualService{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "web-own"}}
+	user.Spec.Hosts = []string{s.host()}
+	user.Spec.ExportTo = []string{"."}
+	user.Spec.Http = []*networking.HTTPRoute{{Route: []*networking.HTTPRouteDestination{{Destination: &networking.Destination{Host: s.host()}}}}}
+	if err := suite.c.Create(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	s.optIn(t)
+	msg := s.condition(t, optv1.ConditionDegraded, metav1.ConditionTrue, "VirtualServiceOfNarrowerReach")
+	if !strings.Contains(msg, team+"/web-own") || !strings.Contains(msg, team) {
+		t.Errorf("condition message %q does not name the VirtualService and its namespace", msg)
+	}
+	kube, opt := clusterName(80, s.host()), clusterName(80, s.optimized())
+	d := waitFor(t, suite.zoneB, propagation, "another namespace's client follows the operator's route", reaches(s.host(), 80, opt))
+	// The push that carried the operator's VirtualService reached the
+	// team's client too; it keeps its own route.
+	waitFor(t, x, propagation, "the team's client follows its own route", reaches(s.host(), 80, kube))
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if err := reaches(s.host(), 80, kube)(x); err != nil {
+			t.Fatalf("the team's client, whose own VirtualService is exported only to its namespace: %v", err)
+		}
+	}
+	t.Logf("%s:80 -> %s for %s after %s; -> %s for %s", s.host(), opt, clientNS, d.Round(time.Millisecond), kube, team)
+
+	// Written after the operator's, it takes the team's clients all the
+	// same: the order is by reach, not by age.
+	if err := suite.c.Delete(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, x, propagation, "without its own route, the team's client follows the operator's", reaches(s.host(), 80, opt))
+	user = &istionet.VirtualService{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "web-own"}, Spec: *user.Spec.DeepCopy()}
+	if err := suite.c.Create(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, x, propagation, "its own route, newer than the operator's, takes the team's client back", reaches(s.host(), 80, kube))
+	if err := reaches(s.host(), 80, opt)(suite.zoneB); err != nil {
+		t.Errorf("another namespace's client, after the team's route came back: %v", err)
+	}
+}
+
 // TestSidecarScopedClient: a client whose Sidecar imports only
 // */*.svc.cluster.local still gets the optimized host's cluster, with its
 // endpoints, because istiod adds the destinations of the VirtualServices it
