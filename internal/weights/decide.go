@@ -61,6 +61,21 @@ func Split(cores, speeds []float64, load float64) []float64 {
 // caps is split in proportion to their capacities (everyone equally busy),
 // within their upper bounds.
 func solve(pods []decidePod, load float64) []float64 {
+	x, _ := solveBounds(pods, load)
+	return x
+}
+
+// bounds is what solve held: the pods it gave their cap or upper bound
+// (at; nil where no cap applies: the load unknown, or taken by the pods
+// without data), and the marginal cost the others share (level; 0 where
+// every pod is held, past every cap).
+type bounds struct {
+	at    []bool
+	level float64
+}
+
+// solveBounds is solve, with the bounds it held.
+func solveBounds(pods []decidePod, load float64) ([]float64, bounds) {
 	x := make([]float64, len(pods))
 	free := load
 	var open []int
@@ -78,7 +93,7 @@ func solve(pods []decidePod, load float64) []float64 {
 		capacity += p.c * p.v
 	}
 	if len(open) == 0 {
-		return x
+		return x, bounds{}
 	}
 	if !(load > 0) || math.IsInf(load, 0) {
 		// Unknown load: capacity shares of what the fixed pods leave,
@@ -100,7 +115,7 @@ func solve(pods []decidePod, load float64) []float64 {
 				x[i] *= (1 - fixedShare) / sum
 			}
 		}
-		return x
+		return x, bounds{}
 	}
 	if !(free > 0) || math.IsInf(free, 0) {
 		// No load left for the free pods: capacity shares, of a nominal
@@ -108,19 +123,21 @@ func solve(pods []decidePod, load float64) []float64 {
 		for _, i := range open {
 			x[i] = min(pods[i].c*pods[i].v, pods[i].upper)
 		}
-		return x
+		return x, bounds{}
 	}
 	limit := func(i int) float64 { return min(maxUtilisation*pods[i].c*pods[i].v, pods[i].upper) }
 	room := 0.0
 	for _, i := range open {
 		room += limit(i)
 	}
+	held := bounds{at: make([]bool, len(pods))}
 	if free >= room {
 		// Past every cap: everyone equally busy within their bounds.
 		for _, i := range open {
 			x[i] = min(free*pods[i].c*pods[i].v/capacity, max(pods[i].upper, 0))
+			held.at[i] = true
 		}
-		return x
+		return x, held
 	}
 	at := func(i int, m float64) float64 {
 		p := pods[i]
@@ -179,33 +196,17 @@ func solve(pods []decidePod, load float64) []float64 {
 	for _, i := range open {
 		x[i] = at(i, hi)
 		got += x[i]
+		p := pods[i]
+		if held.at[i] = p.c*p.v*utilisationAt(p.c, p.v, hi) >= limit(i); !held.at[i] {
+			held.level = hi
+		}
 	}
 	if got > 0 {
 		for _, i := range open {
 			x[i] *= free / got // the bisection's last fraction of a percent
 		}
 	}
-	return x
-}
-
-// bounded reports, for traffic x that solve gave at a known load, which
-// pods it holds at their utilisation cap or upper bound: all of the free
-// ones past every cap, where it gives capacity shares. Nil where the load
-// is unknown, for no cap applies there.
-func bounded(pods []decidePod, x []float64, load float64) []bool {
-	if !(load > 0) || math.IsInf(load, 0) {
-		return nil
-	}
-	out := make([]bool, len(pods))
-	for i, p := range pods {
-		if p.fixed || !(p.c > 0) || !(p.v > 0) {
-			continue
-		}
-		// To the bisection's precision, which solve's last rescaling
-		// keeps within a part in a billion.
-		out[i] = x[i] >= min(maxUtilisation*p.c*p.v, p.upper)*(1-1e-9)
-	}
-	return out
+	return x, held
 }
 
 // marginalCost is d(x T(x))/dx of one pod at x, on timeInSystem's curve

@@ -55,12 +55,12 @@ func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
 
 // judge decides whether proposal is worth writing over the reference
 // weights ref, for pods modelled by dp at load (0 = unknown) with
-// log-capacity variances logVar; bound marks the pods the solver held at
-// their cap or upper bound (see bounded). Pods in fixed are not compared.
+// log-capacity variances logVar; held is what the solver held at their cap
+// or upper bound (see solveBounds). Pods in fixed are not compared.
 //
 // loadShift is each pod's relative change of target for one standard
 // deviation of the load estimate (nil: none).
-func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, bound []bool, logVar, loadShift []float64, load float64) (gain, bar, maxMove float64, common int) {
+func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, held bounds, logVar, loadShift []float64, load float64) (gain, bar, maxMove float64, common int) {
 	refSum, propSum := 0.0, 0.0
 	for i, pod := range set {
 		if w, ok := ref[pod.Name]; ok {
@@ -126,7 +126,7 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 	// approximation, and at least one pod's own zSigmas².
 	bar = max(mean+zSigmas*math.Sqrt(2*sumSq), zSigmas*zSigmas*largest)
 	lt := timeInSystem(dp, xt)
-	gain = timeInSystem(dp, xl) - lt + capPenalty(dp, bound, xl, xt)
+	gain = timeInSystem(dp, xl) - lt + capPenalty(dp, held, xl, xt)
 	if lt > 0 {
 		gain, bar = gain/lt, bar/lt
 	}
@@ -136,42 +136,34 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 
 // capPenalty is the solver's bounds' part of its Lagrangian at the live
 // traffic: for each pod the solver held at its cap or upper bound, the
-// bound's price (the marginal cost the free pods share less the pod's own;
-// where every pod is bound, the highest one's) times the live traffic's
-// excess over the target. The cap stands for what the model cannot see
-// near saturation, an estimate a few percent off, so T alone must not
-// judge weights past it. T prefers running a many-core pod past it, where
-// its queue is still short: after a load step past the cap, weights
-// solved for the lower load were kept, with many-core pods at 98%, while
-// an opt-in at the new load went to capacity shares. The targets minimise
-// T plus this term over all weights of the same total, so the gain is, to
-// second order, half T's second derivative times the gap squared, what
-// the bar charges for noise, moving traffic between two bound pods
-// included. The MaxRatio floor is no such bound: a move towards it gains
-// what T says.
-func capPenalty(dp []decidePod, bound []bool, xl, xt []float64) float64 {
-	if bound == nil {
+// bound's price (the marginal cost the free pods share, the solver's
+// water level, less the pod's own; where every pod is held, the highest
+// one's) times the live traffic's excess over the target. The cap stands
+// for what the model cannot see near saturation, an estimate a few
+// percent off, so T alone must not judge weights past it. T prefers
+// running a many-core pod past it, where its queue is still short: after
+// a load step past the cap, weights solved for the lower load were kept,
+// with many-core pods at 98%, while an opt-in at the new load went to
+// capacity shares. The targets minimise T plus this term over all weights
+// of the same total, so the gain is, to second order, half T's second
+// derivative times the gap squared, what the bar charges for noise,
+// moving traffic between two held pods included. The MaxRatio floor is no
+// such bound: a move towards it gains what T says.
+func capPenalty(dp []decidePod, held bounds, xl, xt []float64) float64 {
+	if held.at == nil {
 		return 0
 	}
-	nu, free := math.Inf(1), false
-	top := 0.0
-	for i, d := range dp {
-		if d.fixed || !(xt[i] > 0) {
-			continue
+	nu := held.level
+	if !(nu > 0) {
+		for i, d := range dp {
+			if held.at[i] && !d.fixed {
+				nu = max(nu, marginalCost(d, xt[i]))
+			}
 		}
-		m := marginalCost(d, xt[i])
-		if bound[i] {
-			top = max(top, m)
-		} else if m > 0 {
-			nu, free = min(nu, m), true
-		}
-	}
-	if !free {
-		nu = top
 	}
 	pen := 0.0
 	for i, d := range dp {
-		if bound[i] && !d.fixed {
+		if held.at[i] && !d.fixed {
 			pen += max(nu-marginalCost(d, xt[i]), 0) * (xl[i] - xt[i])
 		}
 	}

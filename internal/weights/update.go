@@ -170,7 +170,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			}
 		}
 	}
-	x := solve(dp, load)
+	x, held := solveBounds(dp, load)
 	proposal := e.params.proposalFrom(now, set, x)
 
 	// Publish.
@@ -197,7 +197,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			}
 		}
 	}
-	gain, bar, maxMove, _ := e.params.judge(set, ref, slices.Clone(proposal), dp, bounded(dp, x, load), logVar, loadShift, load)
+	gain, bar, maxMove, _ := e.params.judge(set, ref, slices.Clone(proposal), dp, held, logVar, loadShift, load)
 	write := gain > bar
 	if e.unapplied {
 		write = write || !maps.Equal(e.last, ref)
