@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	optv1 "github.com/liorfranko/istio-adaptive-least-request/api/v1alpha1"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
 	. "github.com/liorfranko/istio-adaptive-least-request/test/fixtures"
 	"github.com/liorfranko/istio-adaptive-least-request/test/harness"
 )
@@ -396,6 +397,33 @@ func TestVirtualServiceOfNarrowerReachKeepsOurs(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCondition(t, ns, "web", "Degraded", "True/VirtualServiceConflict")
+}
+
+// Where the Service itself is exported to its own namespace only, so is
+// the operator's VirtualService, and a private one of a user's there is
+// ordered against it by age: a conflict, as before.
+func TestVirtualServiceOfNarrowerReachBesideAPrivateService(t *testing.T) {
+	ns := newNamespace(t)
+	webService(t, ns, Ready("web-0", IP(14, 3), "node-a-"+ns))
+	svc := &corev1.Service{}
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "web"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	svc.Annotations = map[string]string{desired.AnnotationExportTo: "."}
+	if err := k8s.Update(context.Background(), svc); err != nil {
+		t.Fatal(err)
+	}
+	user := &istionet.VirtualService{}
+	user.Namespace, user.Name = ns, "web-own"
+	user.Spec.Hosts = []string{"web"}
+	user.Spec.ExportTo = []string{"."}
+	user.Spec.Http = []*networking.HTTPRoute{{Route: []*networking.HTTPRouteDestination{{Destination: &networking.Destination{Host: "web"}}}}}
+	mustCreate(t, user)
+	mustCreate(t, Optimizer(ns, "web", "web"))
+	waitCondition(t, ns, "web", "Degraded", "True/VirtualServiceConflict")
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "web-adaptive"}, &istionet.VirtualService{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the operator wrote a VirtualService beside a private one of the same reach (err %v)", err)
+	}
 }
 
 func TestUserVirtualServiceIsLeftAloneWithACondition(t *testing.T) {

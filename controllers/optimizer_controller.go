@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -245,6 +246,15 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "ObjectConflict", "Reconcile", "%s", msg)
 		return ctrl.Result{}, nil
 	}
+	if !slices.Equal(res.ExportTo, []string{"*"}) {
+		// A narrower reach takes its namespaces from the operator's
+		// VirtualService only where that one is public: exported to them
+		// privately or by name too, istiod orders the two by age there.
+		for _, n := range live.narrowerVirtualServices {
+			live.otherVirtualServices = append(live.otherVirtualServices, n.ref)
+		}
+		live.narrowerVirtualServices = nil
+	}
 	if others := live.otherVirtualServices; res.VirtualService != nil && len(others) > 0 {
 		var msg string
 		if live.vs != nil {
@@ -263,10 +273,14 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		st.degraded("VirtualServiceConflict", msg)
 		r.Recorder.Eventf(opt, nil, corev1.EventTypeWarning, "VirtualServiceConflict", "Reconcile", "%s", msg)
 	}
-	if n := live.narrowerVirtualServices; len(n) > 0 {
+	if n := live.narrowerVirtualServices; len(n) > 0 && res.VirtualService != nil {
+		refs := make([]string, len(n))
+		for i, v := range n {
+			refs[i] = fmt.Sprintf("%s (clients in %s)", v.ref, strings.Join(v.reach, ", "))
+		}
 		st.degraded("VirtualServiceOfNarrowerReach", fmt.Sprintf("VirtualService %s routes %s and is exported to those namespaces only; "+
 			"Istio routes their clients by it, so they do not use the optimized weights, and every other client does. "+
-			"To include them, point that route's destination host at %s", strings.Join(n, "; "), res.KubernetesHost, res.Host))
+			"To include them, point that route's destination host at %s", strings.Join(refs, "; "), res.KubernetesHost, res.Host))
 	}
 	gw, err := r.planGateways(ctx, opt, &res, live, st)
 	if err != nil {
@@ -300,9 +314,13 @@ type liveObjects struct {
 	vs                   *istionet.VirtualService
 	otherVirtualServices []string // namespace/name of VirtualServices of others for the host
 	// narrowerVirtualServices: VirtualServices of others for the host that
-	// reach only some namespaces' clients (see desired.VirtualServiceReach),
-	// as "namespace/name (clients in a, b)".
-	narrowerVirtualServices []string
+	// reach only some namespaces' clients (see desired.VirtualServiceReach).
+	narrowerVirtualServices []narrowerVirtualService
+}
+
+type narrowerVirtualService struct {
+	ref   string   // namespace/name
+	reach []string // the namespaces whose clients it reaches
 }
 
 // conflicts names an object of our name that someone else owns.
@@ -451,8 +469,7 @@ func (r *MirrorReconciler) read(ctx context.Context, opt *optv1.IstioAdaptiveReq
 			case everywhere || opt.Routing() != optv1.RoutingVirtualService:
 				live.otherVirtualServices = append(live.otherVirtualServices, vs.Namespace+"/"+vs.Name)
 			case len(reach) > 0:
-				live.narrowerVirtualServices = append(live.narrowerVirtualServices,
-					fmt.Sprintf("%s/%s (clients in %s)", vs.Namespace, vs.Name, strings.Join(reach, ", ")))
+				live.narrowerVirtualServices = append(live.narrowerVirtualServices, narrowerVirtualService{vs.Namespace + "/" + vs.Name, reach})
 			}
 		}
 	}

@@ -167,7 +167,11 @@ func hasOwners(live, want []metav1.OwnerReference) bool {
 // VirtualServiceReach is which clients' sidecars a VirtualService applies
 // to, by its exportTo: everywhere (empty, taken as Istio's default of all
 // namespaces, or "*"), or only those in the namespaces listed ("." is its
-// own; "~", none). For a sidecar Istio selects the VirtualServices
+// own; "~", alone or not, none: istiod drops the whole VirtualService).
+// An empty exportTo is taken as everywhere, not as the mesh's
+// defaultVirtualServiceExportTo, which the manager does not read: a
+// narrower default only makes more VirtualServices look like conflicts.
+// For a sidecar Istio selects the VirtualServices
 // exported privately to its namespace first, then those exported to it by
 // name, then the public ones, and the first for a host wins: a
 // VirtualService of a narrower reach takes the host from the public ones
@@ -176,11 +180,13 @@ func VirtualServiceReach(vs *istionet.VirtualService) (namespaces []string, ever
 	if len(vs.Spec.ExportTo) == 0 {
 		return nil, true
 	}
+	if slices.Contains(vs.Spec.ExportTo, "~") {
+		return nil, false
+	}
 	for _, e := range vs.Spec.ExportTo {
 		switch e {
 		case "*":
 			return nil, true
-		case "~":
 		case ".":
 			namespaces = append(namespaces, vs.Namespace)
 		default:

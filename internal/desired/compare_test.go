@@ -143,6 +143,7 @@ func TestVirtualServiceReach(t *testing.T) {
 		{[]string{"."}, []string{"team"}, false},
 		{[]string{"b", ".", "a", "b"}, []string{"a", "b", "team"}, false},
 		{[]string{"~"}, nil, false},
+		{[]string{"~", "team"}, nil, false},
 	}
 	for _, c := range cases {
 		vs := &istionet.VirtualService{}

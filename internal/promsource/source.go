@@ -77,7 +77,11 @@ type Config struct {
 	// bundle, the client certificate or key) changed or vanished and can no
 	// longer be read, so the last good value stays in use: once per change
 	// of the file, and once when it vanishes. The queries go on working
-	// until the old certificate expires, so nothing else would show it.
+	// until the old certificate expires, so nothing else would show it. A
+	// certificate and key written one after the other (not by the kubelet,
+	// which swaps both at once) can be told once between the two writes.
+	// It is called with the reloader's lock held, from any goroutine: it
+	// must not block or use the Source.
 	OnStaleCredentials func(error)
 }
 

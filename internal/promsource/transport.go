@@ -340,6 +340,7 @@ func (r *fileReloader[T]) get() (T, error) {
 		mods[i] = st.ModTime()
 	}
 	if r.ok && statOK && slices.EqualFunc(mods, r.mods, time.Time.Equal) {
+		r.missing = false
 		return r.value, nil
 	}
 	v, err := r.read()
