@@ -29,10 +29,15 @@ import (
 type fleetSource struct {
 	s Settings
 
-	mu        sync.Mutex
-	recent    map[string]float64
+	mu     sync.Mutex
+	recent map[string]float64
+	// served: the share of its requests a pod served over the recent
+	// window (1 when absent).
+	served    map[string]float64
 	latencies []string
-	recentAt  []time.Time // when each recent latency query was run
+	// recentRequests: the request queries over a recent window.
+	recentRequests []string
+	recentAt       []time.Time // when each recent latency query was run
 	// failRecent, when set, is the answer to the recent latency query.
 	failRecent error
 }
@@ -47,6 +52,18 @@ func (f *fleetSource) setRecent(pod string, v float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.recent[pod] = v
+}
+
+// setBehind makes pod fall behind: its recent latency v, and half of
+// what it is sent served over the recent window.
+func (f *fleetSource) setBehind(pod string, v float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.recent[pod] = v
+	if f.served == nil {
+		f.served = map[string]float64{}
+	}
+	f.served[pod] = 0.5
 }
 
 func (f *fleetSource) Query(_ context.Context, tmpl string, t promsource.Target, at time.Time) (promsource.Result, error) {
@@ -70,6 +87,9 @@ func (f *fleetSource) Query(_ context.Context, tmpl string, t promsource.Target,
 			v[p] = 1
 		case f.s.RequestQuery:
 			v[p] = 100
+			if r, ok := f.served[p]; ok && t.Window < f.s.Params.QueryWindow {
+				v[p] *= r
+			}
 		case f.s.LatencyQuery:
 			v[p] = 0.02
 			if r, ok := f.recent[p]; ok && t.Window < f.s.Params.QueryWindow {
@@ -79,6 +99,9 @@ func (f *fleetSource) Query(_ context.Context, tmpl string, t promsource.Target,
 	}
 	if tmpl == f.s.LatencyQuery {
 		f.latencies = append(f.latencies, q)
+	}
+	if tmpl == f.s.RequestQuery && t.Window < f.s.Params.QueryWindow {
+		f.recentRequests = append(f.recentRequests, q)
 	}
 	if len(v) == 0 {
 		return promsource.Result{Query: q}, &promsource.EmptyResultError{Query: q}
@@ -222,10 +245,23 @@ func TestProbeRingsForAPodThatFellBehind(t *testing.T) {
 		t.Errorf("the look queried %s, want the latency query over [30s]", last)
 	}
 
+	// At 10x its latency but serving all it is sent: a chance queue.
 	src.setRecent("web-2", 0.2)
 	clk.Step(5 * time.Second)
+	if loop.probe(context.Background(), logr.Discard(), key, tgt, s) || alarms() != 0 {
+		t.Fatalf("web-2 at 10x its latency, serving all it is sent, rang the alarm (%v counted)", alarms())
+	}
+	src.mu.Lock()
+	asked := slices.Clone(src.recentRequests)
+	src.mu.Unlock()
+	if len(asked) == 0 || !strings.Contains(asked[len(asked)-1], "[30s]") {
+		t.Errorf("the look did not ask for the requests over [30s]: %v", asked)
+	}
+
+	src.setBehind("web-2", 0.2)
+	clk.Step(5 * time.Second)
 	if !loop.probe(context.Background(), logr.Discard(), key, tgt, s) {
-		t.Fatal("web-2 at 10x its latency did not ring the alarm")
+		t.Fatal("web-2 at 10x its latency, serving half of what it is sent, did not ring the alarm")
 	}
 	if alarms() != 1 {
 		t.Errorf("optimizer_alarms_total = %v, want 1", alarms())
@@ -246,7 +282,7 @@ func TestAlarmRunsTheCycleBetweenCycles(t *testing.T) {
 	before := loop.Book.Outcome(key).Time
 
 	// web-2 falls behind: its queue shows in its latency first.
-	src.setRecent("web-2", 2)
+	src.setBehind("web-2", 2)
 	waitFor(t, func() bool { return clk.HasWaiters() })
 	clk.Step(s.ProbeInterval)
 	select {
@@ -366,7 +402,7 @@ func TestProbeFailuresAndHeldWeights(t *testing.T) {
 		t.Fatalf("mode %s after a failed cycle, want Holding", out.Result.Mode)
 	}
 	loop.Source = src
-	src.setRecent("web-2", 2)
+	src.setBehind("web-2", 2)
 	n := len(src.latencies)
 	clk.Step(5 * time.Second)
 	if loop.probe(context.Background(), logr.Discard(), key, tgt, s) || len(src.latencies) != n {
@@ -420,7 +456,7 @@ func TestLooksStartWhenTheSettingsAllowThem(t *testing.T) {
 	}
 	loop.Ensure(opt, lr)
 	waitFor(t, func() bool { return clk.HasWaiters() })
-	src.setRecent("web-2", 2)
+	src.setBehind("web-2", 2)
 	loop.Ensure(opt, s)
 	var stepped time.Duration
 	for stepped < s.Cycle/2 {

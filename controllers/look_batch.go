@@ -37,12 +37,26 @@ func lookInstant(due, now time.Time, iv time.Duration) time.Time {
 	return t
 }
 
-// lookRequest is one optimizer's look: the latency template over the
-// recent window for its pods.
+// lookRequest is one optimizer's look: the latency template (tmpl) and
+// the request template (reqTmpl, "" = not run) over the recent window for
+// its pods.
 type lookRequest struct {
-	tmpl    string
-	target  promsource.Target
-	timeout time.Duration
+	tmpl, reqTmpl string
+	target        promsource.Target
+	timeout       time.Duration
+}
+
+// lookQuery is one of a look's queries: which (0 the latency's, 1 the
+// requests') of key's look.
+type lookQuery struct {
+	key   types.NamespacedName
+	which int
+}
+
+// lookAnswers are one look's answers; requests is empty when its query
+// was not run.
+type lookAnswers struct {
+	latency, requests promsource.PartResult
 }
 
 // lookBatches gathers the looks of one instant. A worker that will look at
@@ -62,11 +76,13 @@ type lookBatch struct {
 	joined   map[types.NamespacedName]lookRequest
 
 	mu sync.Mutex
-	// ready[key] is closed once answers[key] is set: each look gets its
-	// answer as soon as its own template's query returns, whatever the
+	// ready[key] is closed once answers[key] holds every answer the look
+	// waits for (pending[key] of them are still out): each look gets its
+	// answers as soon as its own templates' queries return, whatever the
 	// other templates of the batch take.
 	ready   map[types.NamespacedName]chan struct{}
-	answers map[types.NamespacedName]promsource.PartResult
+	pending map[types.NamespacedName]int
+	answers map[types.NamespacedName]*lookAnswers
 }
 
 func (b *lookBatches) batch(t time.Time) *lookBatch {
@@ -76,7 +92,8 @@ func (b *lookBatches) batch(t time.Time) *lookBatch {
 	lb := b.at[t]
 	if lb == nil {
 		lb = &lookBatch{at: t, expected: map[types.NamespacedName]bool{}, joined: map[types.NamespacedName]lookRequest{},
-			ready: map[types.NamespacedName]chan struct{}{}, answers: map[types.NamespacedName]promsource.PartResult{}}
+			ready: map[types.NamespacedName]chan struct{}{}, pending: map[types.NamespacedName]int{},
+			answers: map[types.NamespacedName]*lookAnswers{}}
 		b.at[t] = lb
 	}
 	return lb
@@ -121,6 +138,11 @@ func (b *lookBatches) join(t time.Time, key types.NamespacedName, req lookReques
 	lb.mu.Lock()
 	if lb.ready[key] == nil {
 		lb.ready[key] = make(chan struct{})
+		lb.answers[key] = &lookAnswers{}
+		lb.pending[key] = 1
+		if req.reqTmpl != "" {
+			lb.pending[key] = 2
+		}
 	}
 	lb.mu.Unlock()
 	ready := b.readyLocked(lb)
@@ -148,8 +170,8 @@ func (b *lookBatches) readyLocked(lb *lookBatch) bool {
 	return true
 }
 
-// answer waits for key's answer in the batch (key has joined it), or ctx.
-func (lb *lookBatch) answer(ctx context.Context, key types.NamespacedName) (promsource.PartResult, bool) {
+// answer waits for key's answers in the batch (key has joined it), or ctx.
+func (lb *lookBatch) answer(ctx context.Context, key types.NamespacedName) (lookAnswers, bool) {
 	lb.mu.Lock()
 	ready := lb.ready[key]
 	lb.mu.Unlock()
@@ -157,18 +179,28 @@ func (lb *lookBatch) answer(ctx context.Context, key types.NamespacedName) (prom
 	case <-ready:
 		lb.mu.Lock()
 		defer lb.mu.Unlock()
-		return lb.answers[key], true
+		return *lb.answers[key], true
 	case <-ctx.Done():
-		return promsource.PartResult{}, false
+		return lookAnswers{}, false
 	}
 }
 
-// deliver gives key its answer.
-func (lb *lookBatch) deliver(key types.NamespacedName, r promsource.PartResult) {
+// deliver gives q's look that query's answer.
+func (lb *lookBatch) deliver(q lookQuery, r promsource.PartResult) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
-	lb.answers[key] = r
-	close(lb.ready[key])
+	a := lb.answers[q.key]
+	if a == nil || lb.pending[q.key] <= 0 {
+		return
+	}
+	if q.which == 0 {
+		a.latency = r
+	} else {
+		a.requests = r
+	}
+	if lb.pending[q.key]--; lb.pending[q.key] == 0 {
+		close(lb.ready[q.key])
+	}
 }
 
 // runLookBatch answers every look of a batch, evaluated at its instant.
@@ -198,26 +230,40 @@ func (l *WeightLoop) loopContext() context.Context {
 	return context.Background()
 }
 
-// answerLooks queries the looks at now and delivers each its answer as soon
-// as its query returns. The looks with the same template run in one call
-// (planLooks); different templates, which are different teams' queries,
-// never share a request and run at once, so one team's slow or broken
-// query delays or fails only its own looks.
-func (l *WeightLoop) answerLooks(ctx context.Context, reqs map[types.NamespacedName]lookRequest, now time.Time, deliver func(types.NamespacedName, promsource.PartResult)) {
-	byTmpl := map[string]map[types.NamespacedName]lookRequest{}
+// answerLooks queries the looks at now and delivers each query its answer
+// as soon as it returns. The looks with the same templates run in one call
+// (planLooks: one part per template and namespace); different templates,
+// which are different teams' queries, never share a request and run at
+// once, so one team's slow or broken query delays or fails only its own
+// looks.
+func (l *WeightLoop) answerLooks(ctx context.Context, reqs map[types.NamespacedName]lookRequest, now time.Time, deliver func(lookQuery, promsource.PartResult)) {
+	type templates struct{ latency, requests string }
+	byTmpl := map[templates]map[lookQuery]lookRequest{}
 	for k, r := range reqs {
-		if byTmpl[r.tmpl] == nil {
-			byTmpl[r.tmpl] = map[types.NamespacedName]lookRequest{}
+		ts := templates{r.tmpl, r.reqTmpl}
+		if byTmpl[ts] == nil {
+			byTmpl[ts] = map[lookQuery]lookRequest{}
 		}
-		byTmpl[r.tmpl][k] = r
+		one := r
+		one.reqTmpl = ""
+		byTmpl[ts][lookQuery{k, 0}] = one
+		if r.reqTmpl != "" {
+			one.tmpl = r.reqTmpl
+			byTmpl[ts][lookQuery{k, 1}] = one
+		}
 	}
 	var wg sync.WaitGroup
 	for _, group := range byTmpl {
 		wg.Go(func() {
-			parts, of := planLooks(group)
+			parts, of := planLooks(group, func(a, b lookQuery) int {
+				if c := strings.Compare(a.key.String(), b.key.String()); c != 0 {
+					return c
+				}
+				return a.which - b.which
+			})
 			got := l.queryParts(ctx, parts, now, false)
-			for k, r := range group {
-				deliver(k, lookAnswer(got[of[k]], r.target.Pods))
+			for q, r := range group {
+				deliver(q, lookAnswer(got[of[q]], r.target.Pods))
 			}
 		})
 	}
@@ -229,20 +275,20 @@ func (l *WeightLoop) answerLooks(ctx context.Context, reqs map[types.NamespacedN
 // namespace over one window are one part for all their pods (pod names are
 // unique in a namespace; a pod two optimizers share is asked for once),
 // unless the template names the Service or the host, which then splits
-// them by Service. of maps each look to its part.
-func planLooks(reqs map[types.NamespacedName]lookRequest) ([]promsource.Part, map[types.NamespacedName]int) {
+// them by Service. of maps each look to its part; order fixes the order
+// of the looks, so that the same looks make the same query.
+func planLooks[K comparable](reqs map[K]lookRequest, order func(a, b K) int) ([]promsource.Part, map[K]int) {
 	type mergeKey struct {
 		tmpl, namespace, service string
 		window                   time.Duration
 	}
-	keys := make([]types.NamespacedName, 0, len(reqs))
+	keys := make([]K, 0, len(reqs))
 	for k := range reqs {
 		keys = append(keys, k)
 	}
-	// A fixed order: the same looks make the same query.
-	slices.SortFunc(keys, func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(keys, order)
 	var parts []promsource.Part
-	of := make(map[types.NamespacedName]int, len(reqs))
+	of := make(map[K]int, len(reqs))
 	index := map[mergeKey]int{}
 	seen := map[int]map[string]bool{}
 	for _, k := range keys {

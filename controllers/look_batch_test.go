@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,7 +54,7 @@ func TestPlanLooksMergesByNamespace(t *testing.T) {
 		k("shop", "cart"): req("shop", "cart", byService, "cart-0"),
 		k("shop", "pay"):  req("shop", "pay", byService, "pay-0"),
 	}
-	parts, of := planLooks(reqs)
+	parts, of := planLooks(reqs, func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) })
 	if len(parts) != 4 {
 		t.Fatalf("%d parts, want 4 (shop, blog, and the two Services of the template that names its Service): %+v", len(parts), parts)
 	}
@@ -111,10 +112,11 @@ func learnedFleet(t *testing.T, clk *clocktesting.FakeClock, keys []types.Namesp
 	return loop, src, s
 }
 
-// isLook: a call of looks only (the recent latency), not a cycle's.
+// isLook: a call of looks only (the recent latency and requests), not a
+// cycle's.
 func isLook(parts []promsource.Part, s Settings) bool {
 	for _, p := range parts {
-		if p.Template != s.LatencyQuery || p.Target.Window != s.RecentLatencyWindow {
+		if (p.Template != s.LatencyQuery && p.Template != s.RequestQuery) || p.Target.Window != s.RecentLatencyWindow {
 			return false
 		}
 	}
@@ -123,8 +125,8 @@ func isLook(parts []promsource.Part, s Settings) bool {
 
 // The looks of optimizers whose cycles are spread by their jitter fall on
 // shared instants, and all the looks of one instant are one call to the
-// source, one part per namespace: six optimizers in two namespaces make one
-// call per instant, not six.
+// source, one part per namespace and query (latency, requests): six
+// optimizers in two namespaces make one call per instant, not six.
 func TestLooksOfManyOptimizersAreOneCall(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
 	var keys []types.NamespacedName
@@ -162,12 +164,12 @@ func TestLooksOfManyOptimizersAreOneCall(t *testing.T) {
 		t.Fatalf("%d look calls in %v (%d calls in all)", len(looks), s.Cycle/2, len(src.calls))
 	}
 	for i, c := range looks {
-		var pods int
+		pods := map[string]int{}
 		for _, p := range c {
-			pods += len(p.Target.Pods)
+			pods[p.Template] += len(p.Target.Pods)
 		}
-		if len(c) != 2 || pods != 4*len(keys) {
-			t.Errorf("look call %d: %d parts for %d pods, want the 2 namespaces' parts for all %d pods", i, len(c), pods, 4*len(keys))
+		if len(c) != 4 || pods[s.LatencyQuery] != 4*len(keys) || pods[s.RequestQuery] != 4*len(keys) {
+			t.Errorf("look call %d: %d parts for %v pods, want the 2 namespaces' parts of each query for all %d pods", i, len(c), pods, 4*len(keys))
 		}
 	}
 	if src.single != 0 {
@@ -277,7 +279,7 @@ func TestALookIsNotHeldByAnotherTeamsSlowQuery(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	got, ok := lb.answer(ctx, fast)
-	if !ok || got.Err != nil || got.Result.Values["web-0"] != 0.01 {
+	if !ok || got.latency.Err != nil || got.latency.Result.Values["web-0"] != 0.01 {
 		t.Fatalf("the fast look: answered %v, %+v: want its answer before the slow query's timeout", ok, got)
 	}
 }

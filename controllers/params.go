@@ -95,11 +95,11 @@ type Settings struct {
 	// Looks: the manager allows looks between cycles
 	// (--looks-between-cycles).
 	Looks bool
-	// RecentCPUWindow and RecentLatencyWindow are the windows of the
-	// recent CPU and latency queries (the CPU and latency queries over two
-	// scrape intervals), 0 when they are not run; derived from the fields
-	// above by complete.
-	RecentCPUWindow, RecentLatencyWindow time.Duration
+	// RecentCPUWindow, RecentLatencyWindow and RecentRequestsWindow are
+	// the windows of the recent CPU, latency and request queries (those
+	// queries over two scrape intervals), 0 when they are not run; derived
+	// from the fields above by complete.
+	RecentCPUWindow, RecentLatencyWindow, RecentRequestsWindow time.Duration
 	// ProbeInterval is how often, between cycles, the recent latency query
 	// runs for weights.Engine.Alarm, 0 = never: policy.LookInterval of the
 	// scrape interval (once per scrape interval, at least a second apart:
@@ -125,6 +125,7 @@ func (s *Settings) complete() {
 	}
 	s.RecentCPUWindow = recentWindow(*s, s.CPUQuery)
 	s.RecentLatencyWindow = recentWindow(*s, s.LatencyQuery)
+	s.RecentRequestsWindow = recentWindow(*s, s.RequestQuery)
 	s.ProbeInterval = 0
 	if s.Looks && s.RoundRobin && !s.DryRun && s.RecentLatencyWindow > 0 {
 		s.ProbeInterval = policy.LookInterval(s.Params.ScrapeInterval)

@@ -38,11 +38,14 @@ func cycleQueries(s Settings, qt promsource.Target) []signalQuery {
 	add("requests", s.RequestQuery, qt.Window)
 	add("latency", s.LatencyQuery, qt.Window)
 	add("node_cpu", s.NodeCPUQuery, qt.Window)
-	// The CPU and latency queries again, over the last two scrape
-	// intervals. From the recent latency the engine learns how it usually
-	// differs from the window's, which Alarm needs between cycles.
+	// The CPU, latency and request queries again, over the last two
+	// scrape intervals. From the recent latency the engine learns how it
+	// usually differs from the window's, and from the recent requests how
+	// a pod's served share usually differs from its weight's, which Alarm
+	// needs between cycles.
 	add("recent_cpu", s.CPUQuery, s.RecentCPUWindow)
 	add("recent_latency", s.LatencyQuery, s.RecentLatencyWindow)
+	add("recent_requests", s.RequestQuery, s.RecentRequestsWindow)
 	return qs
 }
 
@@ -90,5 +93,7 @@ func (a *answers) set(signal string, r promsource.Result) {
 		a.recentCPU = r
 	case "recent_latency":
 		a.recentLatency = r
+	case "recent_requests":
+		a.recentRequests = r
 	}
 }

@@ -67,14 +67,14 @@ func TestCycleAsksForEverySignalAtOnce(t *testing.T) {
 		windows = append(windows, p.Target.Window)
 		tmpls = append(tmpls, p.Template)
 	}
-	wantT := []string{s.CPUQuery, s.RequestQuery, s.LatencyQuery, s.NodeCPUQuery, s.CPUQuery, s.LatencyQuery}
+	wantT := []string{s.CPUQuery, s.RequestQuery, s.LatencyQuery, s.NodeCPUQuery, s.CPUQuery, s.LatencyQuery, s.RequestQuery}
 	w := s.Params.QueryWindow
-	wantW := []time.Duration{w, w, w, w, s.RecentCPUWindow, s.RecentLatencyWindow}
+	wantW := []time.Duration{w, w, w, w, s.RecentCPUWindow, s.RecentLatencyWindow, s.RecentRequestsWindow}
 	if !slices.Equal(tmpls, wantT) || !slices.Equal(windows, wantW) {
-		t.Errorf("parts over windows %v, want the six signals over %v", windows, wantW)
+		t.Errorf("parts over windows %v, want the seven signals over %v", windows, wantW)
 	}
 	out := loop.Book.Outcome(key)
-	if !out.Signals.CPU || !out.Signals.Requests || !out.Signals.Latency || !out.Signals.RecentLatency {
+	if !out.Signals.CPU || !out.Signals.Requests || !out.Signals.Latency || !out.Signals.RecentLatency || !out.Signals.RecentRequests {
 		t.Errorf("signals %+v after the combined cycle", out.Signals)
 	}
 }

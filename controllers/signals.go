@@ -29,6 +29,10 @@ type Signals struct {
 	// RecentLatency: the pods' latency over the last two scrape intervals,
 	// from which the engine learns what Alarm compares with between cycles.
 	RecentLatency bool
+	// RecentRequests: the pods' request rates over the same window, which
+	// show whether a pod whose recent latency rings the alarm serves less
+	// than it is sent.
+	RecentRequests bool
 	// RequestsDisabled, LatencyDisabled and NodeCPUDisabled: the query is "-".
 	RequestsDisabled, LatencyDisabled, NodeCPUDisabled bool
 	// NoLimitPods counts the pods of the cycle without a CPU limit, whose
@@ -45,6 +49,7 @@ func signalsOf(s Settings, cpu bool, a answers) Signals {
 		NodeCPU:          len(a.nodeCPU.Values) > 0,
 		RecentCPU:        len(a.recentCPU.Values) > 0,
 		RecentLatency:    len(a.recentLatency.Values) > 0,
+		RecentRequests:   len(a.recentRequests.Values) > 0,
 		RequestsDisabled: s.RequestQuery == "",
 		LatencyDisabled:  s.LatencyQuery == "",
 		NodeCPUDisabled:  s.NodeCPUQuery == "",

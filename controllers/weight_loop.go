@@ -257,24 +257,40 @@ func (l *WeightLoop) look(ctx context.Context, logger logr.Logger, key types.Nam
 		qctx, cancel := context.WithTimeout(ctx, s.ProbeInterval)
 		defer cancel()
 		qt := promsource.Target{Namespace: tgt.namespace, Service: tgt.service, Pods: pods}
-		var res promsource.Result
+		// The request query over the same window shows whether a pod
+		// whose latency rings the alarm serves less than it is sent
+		// (weights.Signal.RecentRequests).
+		reqTmpl := s.RequestQuery
+		if s.RecentRequestsWindow != s.RecentLatencyWindow {
+			reqTmpl = ""
+		}
+		var res, reqs promsource.Result
 		if at.IsZero() {
 			res = l.recentSignal(qctx, logger, tgt, "recent_latency", s.LatencyQuery, qt, s.RecentLatencyWindow, now)
+			reqs = l.recentSignal(qctx, logger, tgt, "recent_requests", reqTmpl, qt, s.RecentRequestsWindow, now)
 		} else {
 			qt.Window = s.RecentLatencyWindow
-			lb := l.looks.join(at, key, lookRequest{tmpl: s.LatencyQuery, target: qt, timeout: s.ProbeInterval}, l.runLookBatch)
+			lb := l.looks.join(at, key, lookRequest{tmpl: s.LatencyQuery, reqTmpl: reqTmpl, target: qt, timeout: s.ProbeInterval}, l.runLookBatch)
 			got, ok := lb.answer(qctx, key)
 			if !ok && ctx.Err() == nil {
-				got.Err = &promsource.UnreachableError{URL: "(the looks' batch)", Timeout: true, Err: qctx.Err()}
+				timeout := &promsource.UnreachableError{URL: "(the looks' batch)", Timeout: true, Err: qctx.Err()}
+				got.latency.Err, got.requests.Err = timeout, timeout
 			}
-			res = l.optionalAnswer(ctx, logger, tgt, "recent_latency", got.Result, got.Err)
+			res = l.optionalAnswer(ctx, logger, tgt, "recent_latency", got.latency.Result, got.latency.Err)
+			if reqTmpl != "" {
+				reqs = l.optionalAnswer(ctx, logger, tgt, "recent_requests", got.requests.Result, got.requests.Err)
+			}
 		}
 		if ctx.Err() != nil {
 			// Stopped: the optimizer may be gone, no series written now.
 			return false
 		}
 		for pod, v := range res.Values {
-			obs.Signals[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: v}
+			served, ok := reqs.Values[pod]
+			if !ok {
+				served = math.NaN()
+			}
+			obs.Signals[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: v, RecentRequests: served}
 		}
 	}
 	alarm, ring := l.Book.Look(key, obs)
@@ -389,7 +405,7 @@ func (l *WeightLoop) observe(ctx context.Context, logger logr.Logger, key types.
 // answers are one cycle's query results, one per signal; a signal that was
 // not queried has an empty Result.
 type answers struct {
-	cpu, requests, latency, nodeCPU, recentCPU, recentLatency promsource.Result
+	cpu, requests, latency, nodeCPU, recentCPU, recentLatency, recentRequests promsource.Result
 }
 
 // bySignal lists the answers under their signal names, as in
@@ -402,11 +418,11 @@ func (a answers) bySignal() []struct {
 		signal string
 		res    promsource.Result
 	}{{"cpu", a.cpu}, {"requests", a.requests}, {"latency", a.latency}, {"node_cpu", a.nodeCPU}, {"recent_cpu", a.recentCPU},
-		{"recent_latency", a.recentLatency}}
+		{"recent_latency", a.recentLatency}, {"recent_requests", a.recentRequests}}
 }
 
 // recentWindow is the window of a recent query, which runs the query tmpl
-// (the CPU or the latency query) again over the last two scrape intervals
+// (the CPU, latency or request query) again over the last two scrape intervals
 // (the shortest window in which rate() is sure to find two samples): a pod
 // that has just reached its CPU limit, or fallen behind, shows it there a
 // cycle before it does over the query window. 0 = not run: the query is
@@ -444,7 +460,8 @@ func podSignals(into map[string]weights.Signal, pods []string, a answers, cpuOK 
 	}
 	for _, p := range pods {
 		sig := weights.Signal{CPU: math.NaN(), Requests: value(a.requests, p), Latency: value(a.latency, p),
-			NodeCPU: value(a.nodeCPU, p), RecentCPU: value(a.recentCPU, p), RecentLatency: value(a.recentLatency, p)}
+			NodeCPU: value(a.nodeCPU, p), RecentCPU: value(a.recentCPU, p), RecentLatency: value(a.recentLatency, p),
+			RecentRequests: value(a.recentRequests, p)}
 		if cpuOK {
 			sig.CPU = value(a.cpu, p)
 		}
@@ -475,7 +492,7 @@ func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Obs
 	}
 	m.SetPods(tgt.namespace, tgt.service, samples)
 	for signal, ok := range map[string]bool{"cpu": out.Signals.CPU, "requests": out.Signals.Requests, "latency": out.Signals.Latency, "node_cpu": out.Signals.NodeCPU,
-		"recent_cpu": out.Signals.RecentCPU, "recent_latency": out.Signals.RecentLatency} {
+		"recent_cpu": out.Signals.RecentCPU, "recent_latency": out.Signals.RecentLatency, "recent_requests": out.Signals.RecentRequests} {
 		m.SignalAvailable.WithLabelValues(tgt.namespace, tgt.service, signal).Set(b2f(ok))
 	}
 	m.Cycles.WithLabelValues(tgt.namespace, tgt.service, string(out.Result.Mode)).Inc()

@@ -406,6 +406,7 @@ func (p *Policy) Look(now time.Time, obs weights.Observation) (Alarm, bool) {
 		return Alarm{}, false
 	}
 	obs.Time = now
+	obs.Balancer = p.liveOver(now)
 	pod, why, ring := p.eng.Alarm(p.pods, obs)
 	if ring {
 		p.early = true

@@ -3,17 +3,19 @@ package weights
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
 // Under weighted ROUND_ROBIN a pod that slows down just after a cycle is
 // sent its old share until the next. Between cycles the operator looks at
-// the pods' sidecar latency over the last two scrape intervals
-// (Signal.RecentLatency), and Alarm says whether it shows a pod falling
-// behind that the last cycle did not know of; the operator then runs a
-// cycle at once, which reads the same latency as a backlog (Little's law:
-// requests times the extra wait, see readBacklogs) and sends the pod less
-// until it clears.
+// the pods' sidecar latency and request rates over the last two scrape
+// intervals (Signal.RecentLatency, RecentRequests), and Alarm says whether
+// they show a pod falling behind that the last cycle did not know of: its
+// latency far above its usual, while it serves less than it is sent
+// (lagging). The operator then runs a cycle at once, which reads the same
+// latency as a backlog (Little's law: requests times the extra wait, see
+// readBacklogs) and sends the pod less until it clears.
 
 // alarmLatency: a recent latency at this multiple of the last cycle's
 // rings the alarm (and is read as a backlog) when it also stands zSigmas
@@ -29,7 +31,9 @@ import (
 // and with heavy-tailed request times on one-core pods even at 80% (about
 // 20x). Each alarm that is read as a backlog starts a spell of
 // LEAST_REQUEST (two DestinationRule writes), so the alarm sits where
-// chance rings it rarely below 90% load. Raising it trades those spells
+// chance rings it rarely below 90% load, and where request rates tell
+// (lagging), a chance queue rings it only if the pod also served less
+// than it was sent. Raising it trades those spells
 // for later cuts: at 6 the runs with a spell at 90% load went from 7 of 32
 // to 1 (at 8, to none), while a pod slowed to a half or to 0.7 of its
 // speed at 80% load was cut later, its p99.9 after the change up by a
@@ -41,19 +45,31 @@ import (
 // reading 13).
 const alarmLatency = 4
 
-// Alarm reports whether the recent latencies of obs (Signal.RecentLatency;
-// the other fields are ignored) show a pod falling behind that the last
-// cycle did not know of, which one, and why, for the log. It changes
-// nothing.
+// Alarm reports whether the recent latencies and request rates of obs
+// (Signal.RecentLatency, RecentRequests; the other fields are ignored)
+// show a pod falling behind that the last cycle did not know of, which
+// one, and why, for the log. It changes nothing.
 func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bool) {
 	if obs.Err != nil || !e.Alarming() {
 		return "", "", false
 	}
-	for _, p := range canonicalPods(pods) {
+	set := canonicalPods(pods)
+	window := make([]float64, len(set))
+	for i, p := range set {
+		if st := e.pods[p.Name]; st != nil {
+			window[i] = st.served
+		}
+	}
+	served, sent := e.recentServed(set, obs, window)
+	for i, p := range set {
 		st := e.pods[p.Name]
-		if r := obs.Signals[p.Name].RecentLatency; st.rings(r) {
-			return p.Name, fmt.Sprintf("its latency over the last scrapes, %v, is %.1fx the %v of the last cycle",
-				roundLatency(r), r/st.latency, roundLatency(st.latency)), true
+		if r := obs.Signals[p.Name].RecentLatency; st.rings(r, served[i], sent[i]) {
+			why := fmt.Sprintf("its latency over the last scrapes, %v, is %.1fx the %v of the last cycle",
+				roundLatency(r), r/st.latency, roundLatency(st.latency))
+			if sent[i] > 0 {
+				why += fmt.Sprintf(", and it served %.0f%% of the requests it was sent", 100*served[i])
+			}
+			return p.Name, why, true
 		}
 	}
 	return "", "", false
@@ -68,12 +84,109 @@ func (e *Engine) Alarming() bool {
 }
 
 // rings reports whether a recent latency r rings the alarm for the pod:
-// one with a usual latency, not already behind, and r past the alarm.
-func (st *podState) rings(r float64) bool {
+// one with a usual latency, not already behind, r past the alarm, and
+// the pod lagging by what it served (served, sent: see recentServed).
+func (st *podState) rings(r, served, sent float64) bool {
 	if st == nil || st.hot || st.backlog > 0 || !(st.latency > 0) {
 		return false
 	}
-	return usable(r) && st.alarmed(r/st.latency)
+	return usable(r) && st.alarmed(r/st.latency) && st.lagging(served, sent)
+}
+
+// lagging reports whether a pod whose recent latency is past the alarm
+// serves less than it is sent: its served share (see recentServed) stands
+// zSigmas below its usual one, by the larger of a Poisson count's noise on
+// what it was sent and the spread of its own shares at the cycles in
+// which it kept up (misaligned scrapes, bursts, a locality's skew). A pod
+// that cannot keep up serves at its new capacity, less than it is sent,
+// and its queue grows without bound; a busy pod's chance queue is served
+// within seconds, and the pod goes on serving about what it is sent. Near
+// full load the latency cannot tell them apart (see alarmLatency); what
+// was served can: at the first look after a pod slowed to a third at 80%
+// load, it had served 43-87% of what it was sent (16 runs), while the
+// chance queues that rang the latency alarm at 85-95% load had served
+// 85-105% of it, at most 3.5 Poisson deviations short (66 alarms). Unknown
+// (sent 0: no request rates, another balancer, weights written within the
+// span): the latency decides alone.
+func (st *podState) lagging(served, sent float64) bool {
+	if !(sent > 0) {
+		return true
+	}
+	usual := 0.0
+	if len(st.servedRatios) >= 3 {
+		usual = median(slices.Clone(st.servedRatios))
+	}
+	sd := math.Sqrt(max(1/sent, spreadVariance(st.servedRatios)))
+	return usual-math.Log(served) >= zSigmas*sd
+}
+
+// recentServed is recentServed for the observation, when the clients
+// followed the live weights over the last two scrape intervals (and the
+// scrape before them): ROUND_ROBIN, and the weights written before then;
+// and when the Service's load held (steadyLoad against window, the pods'
+// request rates over a query window, in set order, 0 = unknown).
+func (e *Engine) recentServed(set []Pod, obs Observation, window []float64) (served, sent []float64) {
+	span := 2 * e.params.ScrapeInterval
+	var live map[string]uint32
+	if e.followsWeights(obs.Balancer) && span > 0 && e.steadyLoad(recentLoadMove(set, obs.Signals, window, span, e.params.QueryWindow)) {
+		live = e.history.steady(obs.Time, span+e.params.ScrapeInterval)
+	}
+	return recentServed(set, obs.Signals, live, span)
+}
+
+// steadyLoad reports whether the Service's recent request rate matches
+// its rate over a query window (move: the log of their ratio, n and m the
+// request counts behind them, see recentLoadMove): within zSigmas of the
+// larger of their Poisson noise and the spread of the same move at the
+// regular cycles (loadMoves: windows of different length, scrapes,
+// bursts), about its median. A served share reads against the median
+// per-share total of the same two scrape intervals, which lags the pods'
+// sends while the load moves: after a surge, pods scraped before it read
+// short and pods scraped after it long, the fast pods reading 1.1-1.4 of
+// their share, so a pod that fell behind in the surge did not look short
+// and the alarm waited for a cycle. While the load moves, the served share
+// is unknown and the latency decides alone.
+func (e *Engine) steadyLoad(move, n, m float64) bool {
+	if !(n > 0) || !(m > 0) {
+		return false
+	}
+	centre := 0.0
+	if len(e.loadMoves) >= 3 {
+		centre = median(slices.Clone(e.loadMoves))
+	}
+	sd := math.Sqrt(max(1/n+1/m, spreadVariance(e.loadMoves)))
+	return math.Abs(move-centre) <= zSigmas*sd
+}
+
+// recentLoadMove is the log of the ratio of the Service's recent request rate
+// (Signal.RecentRequests over span) to its rate over a query window
+// (window, per pod in set order, 0 = unknown), over the pods with both,
+// and the request counts they stand for (n recent, m in the window; 0 =
+// no pod has both).
+func recentLoadMove(set []Pod, sig map[string]Signal, window []float64, span, queryWindow time.Duration) (move, n, m float64) {
+	recent, was := 0.0, 0.0
+	for i, pod := range set {
+		if v, ok := sig[pod.Name]; ok && usable(v.RecentRequests) && i < len(window) && window[i] > 0 && !math.IsInf(window[i], 1) {
+			recent, was = recent+v.RecentRequests, was+window[i]
+		}
+	}
+	if !(recent > 0) || !(was > 0) {
+		return 0, 0, 0
+	}
+	return math.Log(recent / was), recent * span.Seconds(), was * queryWindow.Seconds()
+}
+
+// followsWeights reports whether traffic follows the engine's live
+// weights under the balancer the caller says ran (see
+// Observation.Balancer): ROUND_ROBIN over weights that are live.
+func (e *Engine) followsWeights(balancer Balancer) bool {
+	if balancer == "" {
+		balancer = BalancerLeastRequest
+		if e.lastLearned {
+			balancer = BalancerRoundRobin
+		}
+	}
+	return balancer == BalancerRoundRobin && e.liveKnown && !e.unapplied
 }
 
 // alarmed reports whether a latency at ratio times the reference is past
@@ -117,6 +230,9 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 		if r.recentLatency > 0 {
 			st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
 		}
+		if r.sent > 0 && r.served > 0 {
+			st.servedRatios = appendCapped(st.servedRatios, math.Log(r.served), 16) // as latencyRatios
+		}
 		return
 	case !(st.latency > 0):
 		st.latency = r.latency
@@ -147,7 +263,7 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 // the alarm.
 func keptUpWith(r reading, st *podState) bool {
 	return r.hasLatency && r.latency > 0 && !r.saturated && r.backlog == 0 &&
-		!(r.recentLatency > 0 && st.alarmed(r.recentLatency/r.latency))
+		!(r.recentLatency > 0 && st.alarmed(r.recentLatency/r.latency) && st.lagging(r.served, r.sent))
 }
 
 func roundLatency(s float64) time.Duration {

@@ -120,6 +120,12 @@ type Signal struct {
 	// Engine.Alarm between cycles and, in Update, a backlog by Little's law
 	// (see readBacklogs). Optional; 0 or no data = unknown.
 	RecentLatency float64
+	// RecentRequests is Requests over the same two scrape intervals. With
+	// the live weights it shows whether a pod whose recent latency rings
+	// the alarm serves less than it is sent (see Alarm). Optional; NaN,
+	// Inf or negative = unknown, and a Service whose pods all read 0 says
+	// nothing either.
+	RecentRequests float64
 }
 
 // Observation is one cycle's query result.

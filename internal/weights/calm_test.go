@@ -33,6 +33,13 @@ type service struct {
 	limited bool
 	// recentCPU: the CPU over the last scrapes is queried too.
 	recentCPU bool
+	// recentRequests: the request rates over the last scrapes too;
+	// pod0Served is the share of what it was sent that pod-0 served
+	// there (0: all of it); recentLoad is the Service's request rate there
+	// as a multiple of its window's (0: the same).
+	recentRequests bool
+	pod0Served     float64
+	recentLoad     float64
 }
 
 func newService(t *testing.T, limited bool, load float64, seed uint64) *service {
@@ -105,6 +112,16 @@ func (s *service) observe(recentFactor float64) Observation {
 		}
 		if i == 0 && recentFactor > 1 {
 			sig.RecentLatency = lat * recentFactor
+		}
+		sig.RecentRequests = math.NaN()
+		if s.recentRequests {
+			sig.RecentRequests = min(r, s.cores[i]*s.speed[i])
+			if i == 0 && s.pod0Served > 0 {
+				sig.RecentRequests = r * s.pod0Served
+			}
+			if s.recentLoad > 0 {
+				sig.RecentRequests *= s.recentLoad
+			}
 		}
 		if s.off["requests"] {
 			sig.Requests = math.NaN()
@@ -502,6 +519,52 @@ func TestSlowdownIsCutAtOnceAndNotRaisedWhileBehind(t *testing.T) {
 			t.Fatalf("cycle %d: pod-0 raised %d -> %d while behind (%s)", k+1, cut, res.Weights["pod-0"], res.Message)
 		}
 		cut = res.Weights["pod-0"]
+	}
+}
+
+// Near full load a busy pod's chance queue shows in its recent latency as
+// a slowed pod's does; what it served does not: a pod that serves what it
+// is sent rings no alarm and reads no backlog, and one that serves less
+// than it is sent does, as one whose served requests are not known, or
+// whose Service's load moved (its requests per share then lag the pods'
+// sends).
+func TestAChanceQueueRingsNoAlarm(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		recentRequests bool
+		served         float64 // pod-0's served share over the last scrapes, 0 = all
+		load           float64 // the Service's recent rate as a multiple of its window's, 0 = the same
+		ring           bool
+	}{
+		{"serves what it is sent", true, 0, 0, false},
+		{"serves 98% of it", true, 0.98, 0, false},
+		{"serves 70% of it", true, 0.7, 0, true},
+		{"served requests unknown", false, 0, 0, true},
+		{"the load rose by half", true, 0, 1.5, true},
+		{"the load fell by a third", true, 0, 0.67, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newService(t, true, 0.9, 0)
+			s.recentRequests = true
+			s.converge(60)
+			if !s.e.Alarming() {
+				t.Fatal("a converged engine does not look between cycles")
+			}
+			s.recentRequests, s.pod0Served, s.recentLoad = tc.recentRequests, tc.served, tc.load
+			s.now = s.now.Add(15 * time.Second)
+			look := s.observe(6) // pod-0's latency over the last scrapes at 6x its usual
+			s.shares = s.shares[:len(s.shares)-1]
+			pod, why, ring := s.e.Alarm(s.pods, Observation{Time: s.now, Signals: look.Signals, Balancer: BalancerRoundRobin})
+			if ring != tc.ring {
+				t.Fatalf("the look rang %v (%q: %s), want %v", ring, pod, why, tc.ring)
+			}
+			s.now = s.now.Add(15 * time.Second)
+			look.Time = s.now
+			res := s.apply(s.e.Update(s.pods, look))
+			if _, backlog := Has(res.Reasons, ReasonBacklog); backlog != tc.ring || res.Learned == tc.ring {
+				t.Errorf("the cycle on the same scrapes: backlog %v, Learned %v, want backlog %v (%s)", backlog, res.Learned, tc.ring, res.Message)
+			}
+		})
 	}
 }
 

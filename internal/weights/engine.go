@@ -36,6 +36,9 @@ type Engine struct {
 	// measured from the residuals; noiseCycles counts the cycles in it.
 	noise       float64
 	noiseCycles int
+	// loadMoves: the last log(recent/window) of the Service's request
+	// rate at the regular cycles (see steadyLoad).
+	loadMoves []float64
 	// unmeasured counts the cycles since the noise was last measured.
 	unmeasured int
 	// coresNoise is the typical noise of a cores reading (log scale) the
@@ -107,6 +110,9 @@ type podState struct {
 	// pod's last log(recent/window) while it kept up (see Alarm).
 	latency       float64
 	latencyRatios []float64
+	// servedRatios: the pod's last log(served share) over the last two
+	// scrape intervals, at the cycles in which it kept up (see lagging).
+	servedRatios []float64
 	// provisional: latency is not yet the pod's usual (see noteLatency):
 	// it was first seen at its CPU limit, and until this instant, or until
 	// it is below its limit, a lower reference borrowed from the pods that

@@ -118,6 +118,11 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 				} else if b%3 == 0 {
 					sig.RecentLatency = sig.Latency * float64(b%16) // a recent queue, as alarms see it
 				}
+				if b := in.byte(); b%2 == 0 {
+					sig.RecentRequests = in.float()
+				} else if b%3 == 0 {
+					sig.RecentRequests = sig.Requests * float64(b%8) / 4 // served short or long, as the alarm's gate sees it
+				}
 				step.obs.Signals[pod.Name] = sig
 			}
 		}

@@ -62,6 +62,10 @@ type reading struct {
 	// as measured this cycle; capRate the requests per second it can
 	// serve (0 = unknown).
 	backlog, capRate float64
+	// served is the share of what it was sent that the pod served over
+	// the last two scrape intervals, and sent that count (see
+	// recentServed); sent 0 = unknown.
+	served, sent float64
 }
 
 // cycleReadings is one cycle's readings in set order, with what holds for
@@ -553,6 +557,45 @@ func readBacklogs(p Params, set []Pod, c *cycleReadings, mem []backlogMemory, fo
 		}
 		r.backlog = q
 	}
+}
+
+// recentServed returns, for each pod of set, the requests it served over
+// span (the last two scrape intervals: Signal.RecentRequests) as a share
+// of what it was sent, and what it was sent over span, a count; sent 0
+// where unknown. What a pod was sent is its share of the live weights
+// (which the caller knows the clients followed over span) times the
+// Service's requests per unit of share, the median over the pods as in
+// readBacklogs: a pod that falls behind does not move it.
+func recentServed(set []Pod, sig map[string]Signal, live map[string]uint32, span time.Duration) (served, sent []float64) {
+	served, sent = make([]float64, len(set)), make([]float64, len(set))
+	if live == nil {
+		return served, sent
+	}
+	sum := 0.0
+	for _, pod := range set {
+		w, ok := live[pod.Name]
+		if !ok || w == 0 {
+			return served, sent
+		}
+		sum += float64(w)
+	}
+	var perShare []float64
+	for _, pod := range set {
+		if v, ok := sig[pod.Name]; ok && usable(v.RecentRequests) {
+			perShare = append(perShare, v.RecentRequests/(float64(live[pod.Name])/sum))
+		}
+	}
+	total := median(perShare)
+	if len(perShare) < 2 || !(total > 0) || math.IsInf(total, 0) {
+		return served, sent
+	}
+	for i, pod := range set {
+		if v, ok := sig[pod.Name]; ok && usable(v.RecentRequests) {
+			expected := float64(live[pod.Name]) / sum * total
+			served[i], sent[i] = v.RecentRequests/expected, expected*span.Seconds()
+		}
+	}
+	return served, sent
 }
 
 // offeredLoad is the work the pods did over the window, in busy cores

@@ -97,6 +97,22 @@ func (t *timeline) segmentsSince(obsTime time.Time, earliest float64) []segment 
 	return segs
 }
 
+// steady returns the weights that were live over all of the span d before
+// obsTime, nil if they changed within it (or none were recorded).
+func (t *timeline) steady(obsTime time.Time, d time.Duration) map[string]uint32 {
+	segs := t.segmentsSince(obsTime, -d.Seconds())
+	if len(segs) == 0 {
+		return nil
+	}
+	w := segs[len(segs)-1].ep.weights
+	for _, s := range segs {
+		if !maps.Equal(s.ep.weights, w) {
+			return nil
+		}
+	}
+	return w
+}
+
 // secondsBetween is at minus ref in seconds, without the overflow of
 // time.Duration for far-apart times.
 func secondsBetween(ref, at time.Time) float64 {

@@ -69,18 +69,25 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	// live weights. A caller that does not say which balancer ran is taken
 	// to run the operator's default: LEAST_REQUEST until a result is
 	// Learned, ROUND_ROBIN after.
-	balancer := obs.Balancer
-	if balancer == "" {
-		balancer = BalancerLeastRequest
-		if e.lastLearned {
-			balancer = BalancerRoundRobin
+	followsWeights := e.followsWeights(obs.Balancer)
+	window := make([]float64, len(set))
+	for i, r := range c.pods {
+		if r.hasRequests {
+			window[i] = r.requests
 		}
 	}
-	followsWeights := balancer == BalancerRoundRobin && e.liveKnown && !e.unapplied
+	served, sent := e.recentServed(set, obs, window)
+	if !obs.Early {
+		if move, n, _ := recentLoadMove(set, obs.Signals, window, 2*e.params.ScrapeInterval, e.params.QueryWindow); n > 0 {
+			e.loadMoves = appendCapped(e.loadMoves, move, 16) // as latencyRatios
+		}
+	}
 	mem := make([]backlogMemory, len(set))
 	for i, pod := range set {
+		c.pods[i].served, c.pods[i].sent = served[i], sent[i]
 		if st := e.pods[pod.Name]; st != nil {
-			mem[i] = backlogMemory{before: st.backlogAt(now.Add(-e.params.QueryWindow), e.params.QueryWindow), latency: st.latency, alarmed: st.alarmed}
+			mem[i] = backlogMemory{before: st.backlogAt(now.Add(-e.params.QueryWindow), e.params.QueryWindow), latency: st.latency,
+				alarmed: func(ratio float64) bool { return st.alarmed(ratio) && st.lagging(served[i], sent[i]) }}
 		}
 	}
 	readBacklogs(e.params, set, &c, mem, followsWeights)

@@ -292,8 +292,8 @@ var _ driver.Source = simSource{}
 
 // Cycle: rate of the per-pod CPU-seconds and served-requests counters over
 // the rate window, the latency histogram's mean, the node's CPU, and the
-// CPU and latency over two scrape intervals; pods without a CPU sample
-// are left out (no data).
+// CPU, latency and served requests over two scrape intervals; pods
+// without a CPU sample are left out (no data).
 func (q simSource) Cycle(_ time.Time, _ []weights.Pod) map[string]weights.Signal {
 	s := q.s
 	out := map[string]weights.Signal{}
@@ -307,27 +307,29 @@ func (q simSource) Cycle(_ time.Time, _ []weights.Pod) map[string]weights.Signal
 			node, _ = s.promRate(h, seriesNode)
 		}
 		recent, _ := s.promRateOver(h, seriesCPU, 2*s.scrapeEvery)
-		req, lat, recentLat := math.NaN(), math.NaN(), math.NaN()
+		req, lat, recentLat, recentReq := math.NaN(), math.NaN(), math.NaN(), math.NaN()
 		if !q.cpuOnly {
 			req, _ = s.promRate(h, seriesReqs)
 			lat = s.promLatency(h, s.rateWindow)
 			recentLat = s.promLatency(h, 2*s.scrapeEvery)
+			recentReq, _ = s.promRateOver(h, seriesReqs, 2*s.scrapeEvery)
 		}
-		out[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent, RecentLatency: recentLat}
+		out[s.pods[h].name] = weights.Signal{CPU: cpu, Requests: req, Latency: lat, NodeCPU: node, RecentCPU: recent, RecentLatency: recentLat, RecentRequests: recentReq}
 	}
 	return out
 }
 
-// Look: the latency query over the last two scrape intervals.
+// Look: the latency and request queries over the last two scrape intervals.
 func (q simSource) Look(_ time.Time, _ []weights.Pod) map[string]weights.Signal {
 	s := q.s
 	out := map[string]weights.Signal{}
 	for _, h := range s.hosts {
-		lat := math.NaN()
+		lat, req := math.NaN(), math.NaN()
 		if !q.cpuOnly {
 			lat = s.promLatency(h, 2*s.scrapeEvery)
+			req, _ = s.promRateOver(h, seriesReqs, 2*s.scrapeEvery)
 		}
-		out[s.pods[h].name] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: lat}
+		out[s.pods[h].name] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: lat, RecentRequests: req}
 	}
 	return out
 }

@@ -67,12 +67,13 @@ type Answer struct {
 
 // TraceSignal is weights.Signal with no data as absent (JSON has no NaN).
 type TraceSignal struct {
-	CPU           *float64 `json:"cpu,omitempty"`
-	Requests      *float64 `json:"requests,omitempty"`
-	Latency       *float64 `json:"latency,omitempty"`
-	NodeCPU       *float64 `json:"nodeCPU,omitempty"`
-	RecentCPU     *float64 `json:"recentCPU,omitempty"`
-	RecentLatency *float64 `json:"recentLatency,omitempty"`
+	CPU            *float64 `json:"cpu,omitempty"`
+	Requests       *float64 `json:"requests,omitempty"`
+	Latency        *float64 `json:"latency,omitempty"`
+	NodeCPU        *float64 `json:"nodeCPU,omitempty"`
+	RecentCPU      *float64 `json:"recentCPU,omitempty"`
+	RecentLatency  *float64 `json:"recentLatency,omitempty"`
+	RecentRequests *float64 `json:"recentRequests,omitempty"`
 }
 
 func opt(v float64) *float64 {
@@ -91,13 +92,13 @@ func val(p *float64) float64 {
 
 func toTrace(s weights.Signal) TraceSignal {
 	return TraceSignal{CPU: opt(s.CPU), Requests: opt(s.Requests), Latency: opt(s.Latency), NodeCPU: opt(s.NodeCPU),
-		RecentCPU: opt(s.RecentCPU), RecentLatency: opt(s.RecentLatency)}
+		RecentCPU: opt(s.RecentCPU), RecentLatency: opt(s.RecentLatency), RecentRequests: opt(s.RecentRequests)}
 }
 
 // Signal is the weights.Signal of a recorded one (NaN where absent).
 func (t TraceSignal) Signal() weights.Signal {
 	return weights.Signal{CPU: val(t.CPU), Requests: val(t.Requests), Latency: val(t.Latency), NodeCPU: val(t.NodeCPU),
-		RecentCPU: val(t.RecentCPU), RecentLatency: val(t.RecentLatency)}
+		RecentCPU: val(t.RecentCPU), RecentLatency: val(t.RecentLatency), RecentRequests: val(t.RecentRequests)}
 }
 
 // Recorder is a Source that records every answer of the source it wraps.
@@ -196,7 +197,7 @@ func (t *Trace) LookAt(now time.Time) map[string]weights.Signal {
 	}
 	for pod, s := range found.Signals {
 		out[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), NodeCPU: math.NaN(),
-			RecentCPU: math.NaN(), RecentLatency: val(s.RecentLatency)}
+			RecentCPU: math.NaN(), RecentLatency: val(s.RecentLatency), RecentRequests: val(s.RecentRequests)}
 	}
 	return out
 }
