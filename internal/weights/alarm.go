@@ -54,9 +54,14 @@ func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bo
 		return "", "", false
 	}
 	set := canonicalPods(pods)
+	// The Service's rate over a query window, for the surge guard: this
+	// cycle's where obs is a cycle's (as Update reads it, so that the two
+	// judge the same scrapes alike), else the last regular cycle's.
 	window := make([]float64, len(set))
 	for i, p := range set {
-		if st := e.pods[p.Name]; st != nil {
+		if v := obs.Signals[p.Name].Requests; usable(v) && v > 0 {
+			window[i] = v
+		} else if st := e.pods[p.Name]; st != nil {
 			window[i] = st.served
 		}
 	}
@@ -117,7 +122,10 @@ func (st *podState) lagging(served, sent float64) bool {
 		usual = median(slices.Clone(st.servedRatios))
 	}
 	sd := math.Sqrt(max(1/sent, spreadVariance(st.servedRatios)))
-	return usual-math.Log(served) >= zSigmas*sd
+	// Written so that a NaN (a spread of absurd readings) counts as
+	// lagging: the latency then decides alone, as where the share is
+	// unknown, rather than silencing the pod's alarm.
+	return !(usual-math.Log(served) < zSigmas*sd)
 }
 
 // recentServed is recentServed for the observation, when the clients
@@ -230,8 +238,8 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 		if r.recentLatency > 0 {
 			st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
 		}
-		if r.sent > 0 && r.served > 0 {
-			st.servedRatios = appendCapped(st.servedRatios, math.Log(r.served), 16) // as latencyRatios
+		if l := math.Log(r.served); r.sent > 0 && r.served > 0 && !math.IsInf(l, 0) {
+			st.servedRatios = appendCapped(st.servedRatios, l, 16) // as latencyRatios
 		}
 		return
 	case !(st.latency > 0):

@@ -707,3 +707,22 @@ func TestBarHoldsUnderCycleJitter(t *testing.T) {
 		prev = bar
 	}
 }
+
+// Of two pods, each is read against the other: against the median of
+// both, their mean, a pod serving 87% of what it was sent read 93%, and
+// its shortfall halved, not enough to pass the gate at 1500 requests.
+func TestServedShareOfTwoPods(t *testing.T) {
+	set := []Pod{{Name: "a"}, {Name: "b"}}
+	live := map[string]uint32{"a": 100, "b": 100}
+	sig := map[string]Signal{"a": {RecentRequests: 50}, "b": {RecentRequests: 50 * 0.87}}
+	served, sent := recentServed(set, sig, live, 30*time.Second)
+	if math.Abs(served[1]-0.87) > 1e-9 || math.Abs(served[0]-1/0.87) > 1e-9 || sent[1] != 1500 {
+		t.Errorf("served %v, sent %v: want b at 0.87 of the 1500 requests a's rate says it was sent", served, sent)
+	}
+	// Three or more: the median, which the one behind does not move.
+	set = append(set, Pod{Name: "c"})
+	live["c"], sig["c"] = 100, Signal{RecentRequests: 50}
+	if served, _ := recentServed(set, sig, live, 30*time.Second); math.Abs(served[1]-0.87) > 1e-9 || served[0] != 1 || served[2] != 1 {
+		t.Errorf("served %v, want 1, 0.87, 1", served)
+	}
+}

@@ -2,6 +2,7 @@ package weights
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -565,7 +566,8 @@ func readBacklogs(p Params, set []Pod, c *cycleReadings, mem []backlogMemory, fo
 // where unknown. What a pod was sent is its share of the live weights
 // (which the caller knows the clients followed over span) times the
 // Service's requests per unit of share, the median over the pods as in
-// readBacklogs: a pod that falls behind does not move it.
+// readBacklogs: a pod that falls behind does not move it (of two pods,
+// the other's).
 func recentServed(set []Pod, sig map[string]Signal, live map[string]uint32, span time.Duration) (served, sent []float64) {
 	served, sent = make([]float64, len(set)), make([]float64, len(set))
 	if live == nil {
@@ -585,15 +587,29 @@ func recentServed(set []Pod, sig map[string]Signal, live map[string]uint32, span
 			perShare = append(perShare, v.RecentRequests/(float64(live[pod.Name])/sum))
 		}
 	}
-	total := median(perShare)
-	if len(perShare) < 2 || !(total > 0) || math.IsInf(total, 0) {
+	if len(perShare) < 2 {
 		return served, sent
 	}
+	// Of two pods, each is read against the other: the median of two is
+	// their mean, which a pod that fell behind would pull down with it.
+	pair := len(perShare) == 2
+	total := median(slices.Clone(perShare))
+	k := 0
 	for i, pod := range set {
-		if v, ok := sig[pod.Name]; ok && usable(v.RecentRequests) {
-			expected := float64(live[pod.Name]) / sum * total
-			served[i], sent[i] = v.RecentRequests/expected, expected*span.Seconds()
+		v, ok := sig[pod.Name]
+		if !ok || !usable(v.RecentRequests) {
+			continue
 		}
+		t := total
+		if pair {
+			t = perShare[1-k]
+		}
+		k++
+		if !(t > 0) || math.IsInf(t, 0) {
+			continue
+		}
+		expected := float64(live[pod.Name]) / sum * t
+		served[i], sent[i] = v.RecentRequests/expected, expected*span.Seconds()
 	}
 	return served, sent
 }

@@ -78,7 +78,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	}
 	served, sent := e.recentServed(set, obs, window)
 	if !obs.Early {
-		if move, n, _ := recentLoadMove(set, obs.Signals, window, 2*e.params.ScrapeInterval, e.params.QueryWindow); n > 0 {
+		if move, n, _ := recentLoadMove(set, obs.Signals, window, 2*e.params.ScrapeInterval, e.params.QueryWindow); n > 0 && !math.IsInf(move, 0) && !math.IsNaN(move) {
 			e.loadMoves = appendCapped(e.loadMoves, move, 16) // as latencyRatios
 		}
 	}
@@ -155,6 +155,11 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		st.hotBlind = r.saturated && !c.fromRequests
 		if !obs.Early {
 			st.backlogs = appendBacklog(st.backlogs, backlogPoint{now, r.backlog}, e.params.memory())
+		}
+		if obs.Early {
+			// An early cycle follows an alarm: its served share is no
+			// sample of the pod's usual one.
+			r.sent = 0
 		}
 		st.noteLatency(r, usual, now, e.params.QueryWindow)
 	}
