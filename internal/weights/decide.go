@@ -219,9 +219,18 @@ func marginalCost(p decidePod, x float64) float64 {
 	if rho <= 0.99 {
 		return (1 + sakasegawaCost(p.c, rho)) / p.v
 	}
-	w := sakasegawaWait(p.c, 0.99)
-	slope := (w - sakasegawaWait(p.c, 0.98)) / 0.01
-	return (1 + w + slope*(rho-0.99) + rho*slope) / p.v
+	// d(rho (1 + w(rho)))/d rho on the tangent: 1 + w + rho w'.
+	w, slope := tangentWait(p.c, rho)
+	return (1 + w + rho*slope) / p.v
+}
+
+// tangentWait is timeInSystem's wait over the service time for c cores at
+// utilisation rho past 0.99, continued along its tangent (the secant over
+// the last percent), with the tangent's slope.
+func tangentWait(c, rho float64) (w, slope float64) {
+	w = sakasegawaWait(c, 0.99)
+	slope = (w - sakasegawaWait(c, 0.98)) / 0.01
+	return w + slope*(rho-0.99), slope
 }
 
 // sakasegawaCost is d(rho w)/d rho for c cores at utilisation rho.
@@ -274,10 +283,11 @@ func timeInSystem(pods []decidePod, x []float64) float64 {
 			continue
 		}
 		rho := x[i] / (p.c * p.v)
-		w := sakasegawaWait(p.c, min(rho, 0.99))
+		w := 0.0
 		if rho > 0.99 {
-			slope := (w - sakasegawaWait(p.c, 0.98)) / 0.01
-			w += slope * (rho - 0.99)
+			w, _ = tangentWait(p.c, rho)
+		} else {
+			w = sakasegawaWait(p.c, rho)
 		}
 		sum += x[i] / p.v * (1 + w)
 	}
