@@ -117,15 +117,22 @@ func (st *podState) lagging(served, sent float64) bool {
 	if !(sent > 0) {
 		return true
 	}
-	usual := 0.0
-	if len(st.servedRatios) >= 3 {
-		usual = median(slices.Clone(st.servedRatios))
-	}
-	sd := math.Sqrt(max(1/sent, spreadVariance(st.servedRatios)))
 	// Written so that a NaN (a spread of absurd readings) counts as
 	// lagging: the latency then decides alone, as where the share is
 	// unknown, rather than silencing the pod's alarm.
-	return !(usual-math.Log(served) < zSigmas*sd)
+	return !(-deviations(math.Log(served), 1/sent, st.servedRatios) < zSigmas)
+}
+
+// deviations is how many standard deviations x (a log) stands from its
+// usual value, the median of history (0 until it holds three): by the
+// larger of a count's Poisson variance and history's robust spread, which
+// carries what the count does not (misaligned scrapes, bursts, skew).
+func deviations(x, poissonVar float64, history []float64) float64 {
+	usual := 0.0
+	if len(history) >= 3 {
+		usual = median(slices.Clone(history))
+	}
+	return (x - usual) / math.Sqrt(max(poissonVar, spreadVariance(history)))
 }
 
 // recentServed is recentServed for the observation, when the clients
@@ -158,12 +165,7 @@ func (e *Engine) steadyLoad(move, n, m float64) bool {
 	if !(n > 0) || !(m > 0) {
 		return false
 	}
-	centre := 0.0
-	if len(e.loadMoves) >= 3 {
-		centre = median(slices.Clone(e.loadMoves))
-	}
-	sd := math.Sqrt(max(1/n+1/m, spreadVariance(e.loadMoves)))
-	return math.Abs(move-centre) <= zSigmas*sd
+	return math.Abs(deviations(move, 1/n+1/m, e.loadMoves)) <= zSigmas
 }
 
 // recentLoadMove is the log of the ratio of the Service's recent request rate

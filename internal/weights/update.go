@@ -155,8 +155,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		st.hotBlind = r.saturated && !c.fromRequests
 		if !obs.Early {
 			st.backlogs = appendBacklog(st.backlogs, backlogPoint{now, r.backlog}, e.params.memory())
-		}
-		if obs.Early {
+		} else {
 			// An early cycle follows an alarm: its served share is no
 			// sample of the pod's usual one.
 			r.sent = 0
