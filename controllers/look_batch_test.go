@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -281,5 +282,28 @@ func TestALookIsNotHeldByAnotherTeamsSlowQuery(t *testing.T) {
 	got, ok := lb.answer(ctx, fast)
 	if !ok || got.latency.Err != nil || got.latency.Result.Values["web-0"] != 0.01 {
 		t.Fatalf("the fast look: answered %v, %+v: want its answer before the slow query's timeout", ok, got)
+	}
+}
+
+// A look's signals hold every pod with either answer: a pod that completed
+// no request over the window (no latency) but has a request rate still
+// counts in what the Service sent per share, as at a cycle; a pod with
+// neither is left out, and the fields a look does not ask are NaN.
+func TestLookSignalsKeepPodsWithRequestsAlone(t *testing.T) {
+	got := lookSignals([]string{"a", "b", "c", "d"},
+		map[string]float64{"a": 0.5, "b": 0.1},
+		map[string]float64{"a": 2, "c": 3})
+	if len(got) != 3 {
+		t.Fatalf("signals for %d pods, want a, b and c: %v", len(got), got)
+	}
+	for pod, want := range map[string][2]float64{"a": {0.5, 2}, "b": {0.1, math.NaN()}, "c": {math.NaN(), 3}} {
+		s := got[pod]
+		same := func(x, y float64) bool { return x == y || (math.IsNaN(x) && math.IsNaN(y)) }
+		if !same(s.RecentLatency, want[0]) || !same(s.RecentRequests, want[1]) {
+			t.Errorf("%s: recent latency %v, requests %v; want %v, %v", pod, s.RecentLatency, s.RecentRequests, want[0], want[1])
+		}
+		if !math.IsNaN(s.CPU) || !math.IsNaN(s.Requests) || !math.IsNaN(s.Latency) {
+			t.Errorf("%s: %+v, want NaN for what a look does not ask", pod, s)
+		}
 	}
 }

@@ -285,13 +285,7 @@ func (l *WeightLoop) look(ctx context.Context, logger logr.Logger, key types.Nam
 			// Stopped: the optimizer may be gone, no series written now.
 			return false
 		}
-		for pod, v := range res.Values {
-			served, ok := reqs.Values[pod]
-			if !ok {
-				served = math.NaN()
-			}
-			obs.Signals[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: v, RecentRequests: served}
-		}
+		obs.Signals = lookSignals(pods, res.Values, reqs.Values)
 	}
 	alarm, ring := l.Book.Look(key, obs)
 	if ring {
@@ -299,6 +293,30 @@ func (l *WeightLoop) look(ctx context.Context, logger logr.Logger, key types.Nam
 		logger.Info("A pod fell behind between cycles; running the cycle now", "pod", alarm.Pod, "why", alarm.Why)
 	}
 	return ring
+}
+
+// lookSignals are a look's signals: the recent latency and request rate
+// of every pod with either answer, NaN for the other and for the fields a
+// look does not ask. A pod with a request rate but no latency (it
+// completed none over the window) still counts in what the Service sent
+// per share of weight, as at a cycle.
+func lookSignals(pods []string, latency, requests map[string]float64) map[string]weights.Signal {
+	out := make(map[string]weights.Signal, len(pods))
+	for _, pod := range pods {
+		lat, okLat := latency[pod]
+		served, okReq := requests[pod]
+		if !okLat && !okReq {
+			continue
+		}
+		if !okLat {
+			lat = math.NaN()
+		}
+		if !okReq {
+			served = math.NaN()
+		}
+		out[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: lat, RecentRequests: served}
+	}
+	return out
 }
 
 // podNames lists the pods of endpoints, in their order.
