@@ -196,7 +196,7 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	in.WeightsLearned = weightsLearned(r.Weights, req.NamespacedName, useEngine, live.dr)
 	in.WeightsFor = func(eps []desired.Endpoint) map[string]uint32 {
 		compute := func() map[string]uint32 {
-			return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, in.LiveWeights, useEngine)
+			return r.Weights.WeightsFor(req.NamespacedName, settings.Params, r.Clock.Now(), eps, liveEndpoints(in, live.se), useEngine)
 		}
 		if !useEngine {
 			return compute()
@@ -308,6 +308,22 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 }
 
 // liveObjects are the objects that exist now.
+// liveEndpoints is what the live ServiceEntry tells a restart (see
+// LiveEndpoints): its weights, when this operator last wrote it (the
+// latest time among its managed fields entries: apply, and the
+// endpoint-limit patch), and the pods' Ready times.
+func liveEndpoints(in desired.Input, se *istionet.ServiceEntry) LiveEndpoints {
+	l := LiveEndpoints{Weights: in.LiveWeights, ReadyAt: func(pod string) time.Time { return podReadyAt(in.Pods[pod]).Time }}
+	if se != nil {
+		for _, mf := range se.ManagedFields {
+			if mf.Manager == FieldManager && mf.Time != nil && mf.Time.After(l.Written) {
+				l.Written = mf.Time.Time
+			}
+		}
+	}
+	return l
+}
+
 type liveObjects struct {
 	se                   *istionet.ServiceEntry
 	dr                   *istionet.DestinationRule

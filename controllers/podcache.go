@@ -40,6 +40,10 @@ type podInfo struct {
 	labels, annotations map[string]string
 	// containers are the application's (not the sidecar).
 	containers []podContainer
+	// readyAt is when the pod last became Ready (its Ready condition's
+	// last transition, while True); zero when not Ready or unknown. A
+	// restart tells pods created while it was down by it (podReadyAt).
+	readyAt metav1.Time
 }
 
 // podContainer is what the mirror reads of a container: a corev1.Container
@@ -187,6 +191,7 @@ func newPodInfo(pod *corev1.Pod) *podInfo {
 			return map[string]string{desired.SidecarStatusAnnotation: ""}
 		})
 	}
+	p.readyAt = podReadyAt(pod)
 	for _, c := range pod.Spec.Containers {
 		if c.Name == desired.SidecarContainer {
 			continue
@@ -210,6 +215,7 @@ func (p *podInfo) pod() *corev1.Pod {
 // array of dst's containers is reused when it is large enough.
 func (p *podInfo) podInto(dst *corev1.Pod) {
 	containers := dst.Spec.Containers[:0]
+	conditions := dst.Status.Conditions[:0]
 	*dst = corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, ResourceVersion: p.ResourceVersion,
 			Labels: p.labels, Annotations: p.annotations},
@@ -222,4 +228,25 @@ func (p *podInfo) podInto(dst *corev1.Pod) {
 		}
 		dst.Spec.Containers = containers
 	}
+	if !p.readyAt.IsZero() {
+		dst.Status.Conditions = append(conditions, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: p.readyAt})
+	}
+}
+
+// podReadyAt is when the pod last became Ready: its Ready condition's last
+// transition while it is True; zero when it is not Ready or the time is
+// unknown.
+func podReadyAt(pod *corev1.Pod) metav1.Time {
+	if pod == nil {
+		return metav1.Time{}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			if c.Status == corev1.ConditionTrue {
+				return c.LastTransitionTime
+			}
+			break
+		}
+	}
+	return metav1.Time{}
 }

@@ -138,7 +138,7 @@ func TestQueryLoadAtScale(t *testing.T) {
 			case ev := <-wake:
 				key := types.NamespacedName{Namespace: ev.Object.GetNamespace(), Name: ev.Object.GetName()}
 				eps := byKey[key].eps
-				w := book.WeightsFor(key, s.Params, time.Now(), eps, nil, true)
+				w := book.WeightsFor(key, s.Params, time.Now(), eps, LiveEndpoints{}, true)
 				applied := append([]desired.Endpoint(nil), eps...)
 				for i := range applied {
 					applied[i].Weight = w[applied[i].Pod]

@@ -86,15 +86,51 @@ func (b *WeightBook) Configure(key types.NamespacedName, now time.Time, s Settin
 	b.entry(key, s.Params).policy.Configure(now, s.policyConfig())
 }
 
+// LiveEndpoints is what the live ServiceEntry tells the book when it first
+// meets an optimizer's endpoints (after a restart).
+type LiveEndpoints struct {
+	// Weights by address.
+	Weights map[string]uint32
+	// Written is when the operator last wrote the ServiceEntry (zero:
+	// unknown), and ReadyAt when a pod last became Ready (zero: unknown).
+	// Endpoints carry no pod identity, so a live weight is a pod's only if
+	// the pod was Ready by then: a pod that became Ready later (created
+	// while the manager was down) reuses an old pod's address at most, and
+	// is new.
+	Written time.Time
+	ReadyAt func(pod string) time.Time
+}
+
+// readyAfterWrite reports whether pod became Ready after the live
+// ServiceEntry was last written, and when it did. Both times are at whole
+// seconds: a pod Ready within the second of the write counts as there.
+func (l LiveEndpoints) readyAfterWrite(pod string) (time.Time, bool) {
+	if l.ReadyAt == nil || l.Written.IsZero() {
+		return time.Time{}, false
+	}
+	t := l.ReadyAt(pod)
+	return t, !t.IsZero() && t.After(l.Written)
+}
+
 // seed opts the policy in with the weights that are live when the book
-// first meets an optimizer's endpoints (none at a first opt-in); every pod
-// there counts as long-ready.
-func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uint32) {
+// first meets an optimizer's endpoints (none at a first opt-in). A pod
+// with a live weight, or any pod at a first opt-in, counts as long-ready;
+// at a restart, a pod that became Ready after the last write is new: it
+// takes no live weight, and its slow start counts from when it became
+// Ready.
+func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uint32, live LiveEndpoints) {
 	if e.policy.OptedIn() {
 		return
 	}
 	for _, ep := range eps {
 		e.readySince[ep.Pod] = time.Time{}
+		if t, after := live.readyAfterWrite(ep.Pod); after {
+			if t.After(now) {
+				t = now // a node's clock ahead of ours
+			}
+			e.readySince[ep.Pod] = t
+			delete(w, ep.Pod)
+		}
 	}
 	e.policy.OptIn(now, e.pods(now, eps), w, e.liveBalancer, e.liveWhy, e.restore)
 }
@@ -104,8 +140,9 @@ func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uin
 // the mirror applied last, so an out-of-band edit is put back; nil after a
 // restart, when the live ServiceEntry's weights count. With the engine they
 // are the engine's weights: its latest for pods that stay, initial ones
-// (slow start, hardware class, median) for new pods.
-func (b *WeightBook) WeightsFor(key types.NamespacedName, p weights.Params, now time.Time, eps []desired.Endpoint, live map[string]uint32, useEngine bool) map[string]uint32 {
+// (slow start, hardware class, median) for new pods; at the first meeting
+// after a restart, the live ones (see seed).
+func (b *WeightBook) WeightsFor(key types.NamespacedName, p weights.Params, now time.Time, eps []desired.Endpoint, live LiveEndpoints, useEngine bool) map[string]uint32 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !useEngine {
@@ -116,13 +153,15 @@ func (b *WeightBook) WeightsFor(key types.NamespacedName, p weights.Params, now 
 		return byPod(e.endpoints)
 	}
 	e := b.entry(key, p)
-	seed := make(map[string]uint32, len(eps))
-	for _, ep := range eps {
-		if w := live[ep.Address]; w > 0 {
-			seed[ep.Pod] = w
+	if !e.policy.OptedIn() {
+		seed := make(map[string]uint32, len(eps))
+		for _, ep := range eps {
+			if w := live.Weights[ep.Address]; w > 0 {
+				seed[ep.Pod] = w
+			}
 		}
+		e.seed(now, eps, seed, live)
 	}
-	e.seed(now, eps, seed)
 	return e.policy.Weights(now, e.pods(now, eps))
 }
 
@@ -176,7 +215,8 @@ func (b *WeightBook) Applied(key types.NamespacedName, p weights.Params, now tim
 		e.policy.SetPods(e.pods(now, eps))
 		e.policy.Applied(now, w)
 	} else {
-		e.seed(now, eps, w)
+		// The weights the mirror just wrote for these very pods.
+		e.seed(now, eps, w, LiveEndpoints{})
 	}
 	// A new slice each time, so callers may keep the one they got.
 	e.endpoints = append([]desired.Endpoint(nil), eps...)

@@ -1,10 +1,15 @@
 package controllers
 
 import (
+	"math"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 )
 
 // TestReadySinceFollowsThePodSet: a pod keeps the time it was first seen
@@ -56,5 +61,56 @@ func TestReadySinceFollowsThePodSet(t *testing.T) {
 		if len(e.readySince) != len(s.want) {
 			t.Errorf("step %d: the record holds %d pods, want %d", i, len(e.readySince), len(s.want))
 		}
+	}
+}
+
+// After a restart the live ServiceEntry's weights are matched to pods by
+// address, and a pod takes one only if it was Ready when the operator last
+// wrote the ServiceEntry. A pod that became Ready later (created while the
+// manager was down, here at the address of a pod that left) is new: it
+// takes an initial weight, not the old pod's, and its slow start counts
+// from its Ready time. Without the write time, the address decides, as
+// before.
+func TestRestartSeedSkipsPodsReadyAfterTheLastWrite(t *testing.T) {
+	written := time.Unix(1_700_000_000, 0)
+	now := written.Add(2 * time.Minute)
+	eps := []desired.Endpoint{
+		{Pod: "web-a", Address: "10.0.0.1", Cores: 2},
+		{Pod: "web-b", Address: "10.0.0.2", Cores: 2},
+		{Pod: "web-new", Address: "10.0.0.3", Cores: 2}, // the address of a pod that left
+	}
+	ready := map[string]time.Time{
+		"web-a":   written.Add(-time.Hour),
+		"web-b":   written.Add(-time.Hour),
+		"web-new": written.Add(time.Minute),
+	}
+	live := map[string]uint32{"10.0.0.1": 2000, "10.0.0.2": 1000, "10.0.0.3": 9000}
+	key := types.NamespacedName{Namespace: "shop", Name: "web"}
+	p := weights.DefaultParams()
+	p.SlowStart = 2 * time.Minute
+	snap := weights.Snapshot{Noise: 0.05, NoiseCycles: 20, CycleSeconds: 30}
+
+	restart := func(l LiveEndpoints) (map[string]uint32, map[string]time.Time) {
+		b := NewWeightBook()
+		b.Restore(key, p, snap, weights.BalancerRoundRobin, policy.ReasonLearned)
+		w := b.WeightsFor(key, p, now, eps, l, true)
+		return w, b.entries[key].readySince
+	}
+
+	w, since := restart(LiveEndpoints{Weights: live, Written: written, ReadyAt: func(pod string) time.Time { return ready[pod] }})
+	if r := float64(w["web-a"]) / float64(w["web-b"]); math.Abs(r-2) > 0.01 {
+		t.Errorf("web-a has %.3fx web-b's weight, want the live 2x: %v", r, w)
+	}
+	// Half way through its slow start, from the smallest weight up.
+	if hi := (w["web-a"] + w["web-b"]) / 2; w["web-new"] >= hi || w["web-new"] == 0 {
+		t.Errorf("the pod Ready after the last write has weight %d, want an initial one within its slow start, below the others' mean %d: %v", w["web-new"], hi, w)
+	}
+	if !since["web-new"].Equal(ready["web-new"]) || !since["web-a"].IsZero() {
+		t.Errorf("ready since %v, want web-new's Ready time %v and the others long ready", since, ready["web-new"])
+	}
+
+	w, _ = restart(LiveEndpoints{Weights: live, ReadyAt: func(pod string) time.Time { return ready[pod] }})
+	if r := float64(w["web-new"]) / float64(w["web-b"]); math.Abs(r-9) > 0.01 {
+		t.Errorf("without the write time the address decides: web-new has %.3fx web-b's weight, want the live 9x: %v", r, w)
 	}
 }

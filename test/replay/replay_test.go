@@ -270,7 +270,7 @@ func replayControllers(t *testing.T, tr *driver.Trace) []step {
 				byAddress[ep.Address] = w
 			}
 		}
-		w := book.WeightsFor(key, s.Params, now, eps, byAddress, true)
+		w := book.WeightsFor(key, s.Params, now, eps, controllers.LiveEndpoints{Weights: byAddress}, true)
 		applied := append([]desired.Endpoint(nil), eps...)
 		for i := range applied {
 			applied[i].Weight = w[applied[i].Pod]
