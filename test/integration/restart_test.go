@@ -12,7 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	istionet "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -110,7 +112,7 @@ type restartEnv struct {
 	start func() (*metrics.Metrics, func())
 }
 
-func newRestartEnv(t *testing.T, noLimits, cpuOnly bool) *restartEnv {
+func newRestartEnv(t *testing.T, noLimits, cpuOnly bool, tune ...func(*controllers.EngineDefaults)) *restartEnv {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(logLevel())))
 	api, err := harness.StartAPIServer()
 	if err != nil {
@@ -166,6 +168,9 @@ func newRestartEnv(t *testing.T, noLimits, cpuOnly bool) *restartEnv {
 	defaults.Params.QueryWindow = time.Second
 	defaults.Params.ScrapeInterval = 0
 	defaults.Params.SlowStart = 0
+	for _, f := range tune {
+		f(&defaults)
+	}
 	// startManager runs a manager until the returned stop is called.
 	startManager := func() (*metrics.Metrics, func()) {
 		mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
@@ -330,4 +335,100 @@ func TestRestartKeepsLeastRequestForAPodAtItsLimit(t *testing.T) {
 	if lb, r := reason(); lb != "LEAST_REQUEST" || r != "CPUAtLimit" {
 		t.Errorf("after the restart: status.loadBalancer %q, loadBalancerReason %q; want LEAST_REQUEST, CPUAtLimit", lb, r)
 	}
+}
+
+// TestRestartGivesAPodReadyWhileDownNoLiveWeight: ServiceEntry endpoints
+// carry no pod identity, so a restarted manager matches the live weights to
+// pods by address. A pod created while it was down, at the address of a
+// fast pod that left, must not take that pod's learned weight: it became
+// Ready after the operator last wrote the ServiceEntry (its managed fields'
+// time), so it is new and starts its slow start from its Ready time. The
+// other pods keep their live weights.
+func TestRestartGivesAPodReadyWhileDownNoLiveWeight(t *testing.T) {
+	env := newRestartEnv(t, false, false, func(d *controllers.EngineDefaults) { d.Params.SlowStart = time.Minute })
+	c, ns, ctx := env.c, env.ns, t.Context()
+	m, stop := env.start()
+	env.waitCycles(t, m, 60)
+	stop()
+	se := &istionet.ServiceEntry{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "api-adaptive"}, se); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]uint32{}
+	sum := 0.0
+	for _, e := range se.Spec.Endpoints {
+		before[e.Address] = e.Weight
+		sum += float64(e.Weight)
+	}
+	mean := sum / float64(len(se.Spec.Endpoints))
+	addr := IP(30, 1) // api-a's, one of the fast pods
+	if float64(before[addr]) < 1.2*mean {
+		t.Fatalf("api-a's learned weight %d is not above the mean %.0f; the test needs a fast pod's weight", before[addr], mean)
+	}
+	var written time.Time
+	for _, mf := range se.ManagedFields {
+		if mf.Manager == controllers.FieldManager && mf.Time != nil && mf.Time.After(written) {
+			written = mf.Time.Time
+		}
+	}
+	if written.IsZero() {
+		t.Fatalf("the ServiceEntry has no managed fields entry of %s", controllers.FieldManager)
+	}
+
+	// While the manager is down, api-a goes and a slow pod comes up at its
+	// address.
+	if err := c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "api-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	pod := Pod(ns, "api-new", "api", "node-1", WithSidecar(), WithCPULimit("2"))
+	if err := c.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	// Ready now, and after the write (the times are at whole seconds).
+	readyAt := metav1.NewTime(time.Now())
+	if !readyAt.After(written) {
+		readyAt = metav1.NewTime(written.Add(time.Second))
+	}
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: readyAt}}
+	if err := c.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	slice := &discoveryv1.EndpointSlice{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "api-1"}, slice); err != nil {
+		t.Fatal(err)
+	}
+	for i := range slice.Endpoints {
+		if r := slice.Endpoints[i].TargetRef; r != nil && r.Name == "api-a" {
+			r.Name = "api-new"
+		}
+	}
+	if err := c.Update(ctx, slice); err != nil {
+		t.Fatal(err)
+	}
+	env.fleet.mu.Lock()
+	env.fleet.speed["api-new"], env.fleet.ipPod[addr] = 0.35, "api-new"
+	env.fleet.mu.Unlock()
+
+	// The restart: within its first cycles the new pod is at the start of
+	// its slow start (the smallest weight, a tenth of the mean, rising to
+	// the mean over a minute), not at api-a's weight.
+	m, stop = env.start()
+	defer stop()
+	env.waitCycles(t, m, 5)
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "api-adaptive"}, se); err != nil {
+		t.Fatal(err)
+	}
+	after := map[string]uint32{}
+	for _, e := range se.Spec.Endpoints {
+		after[e.Address] = e.Weight
+	}
+	if float64(after[addr]) > mean/3 {
+		t.Errorf("the pod Ready after the last write has weight %d at its address (api-a's was %d, the mean %.0f); want a slow start's, below a third of the mean", after[addr], before[addr], mean)
+	}
+	for a, w := range before {
+		if a != addr && after[a] == 0 {
+			t.Errorf("endpoint %s lost its weight (%d before)", a, w)
+		}
+	}
+	t.Logf("weights before %v, after the restart %v", before, after)
 }
