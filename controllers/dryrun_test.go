@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	"github.com/liorfranko/istio-adaptive-least-request/internal/desired"
+	"github.com/liorfranko/istio-adaptive-least-request/internal/policy"
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/metrics"
 )
@@ -52,6 +53,11 @@ func TestDryRunKeepsLeastRequestLive(t *testing.T) {
 	}
 	s.DryRun = false
 	book.Configure(key, clk.Now(), s)
+	// The weights learned in dry run never carried traffic: they go live
+	// under LEAST_REQUEST, as at an opt-in.
+	if lb, why, _ := book.Balancer(key); lb != weights.BalancerLeastRequest || why != policy.ReasonLearning {
+		t.Fatalf("leaving dry run: %s (%s), want LEAST_REQUEST (Learning) until Learned for a query window", lb, why)
+	}
 	run(20)
 	if lb, _, _ := book.Balancer(key); lb != weights.BalancerRoundRobin {
 		t.Fatalf("out of dry run: %s, want ROUND_ROBIN", lb)

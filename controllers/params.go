@@ -141,7 +141,7 @@ func (s Settings) policyConfig() policy.Config {
 		// engine, whose backlog readings depend on it.
 		lb = weights.BalancerRoundRobin
 	}
-	return policy.Config{Cycle: s.Cycle, LookInterval: s.ProbeInterval, Balancer: lb, Engine: s.Params}
+	return policy.Config{Cycle: s.Cycle, LookInterval: s.ProbeInterval, Balancer: lb, Engine: s.Params, DryRun: s.DryRun}
 }
 
 // settingsFor merges an optimizer's spec over the defaults. An invalid

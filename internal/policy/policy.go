@@ -84,6 +84,13 @@ type Config struct {
 	Balancer weights.Balancer
 	// Engine is the engine's parameters.
 	Engine weights.Params
+	// DryRun: the policy's weights are computed and reported, not
+	// written (the DestinationRule keeps Balancer, LEAST_REQUEST in the
+	// operator). Results Learned then rest on weights no client followed,
+	// so leaving dry run learns anew, as at an opt-in: the learned weights
+	// go live under LEAST_REQUEST, and ROUND_ROBIN follows once the
+	// results have been Learned on them for a whole query window.
+	DryRun bool
 	// Jitter draws the jitter of each regular cycle, uniform in [0, 1); it
 	// spreads many optimizers' queries over the cycle. Deterministic for a
 	// given source (see NewJitter); nil = no jitter.
@@ -226,6 +233,9 @@ func (p *Policy) Configure(now time.Time, cfg Config) {
 		cfg.Jitter = jitter
 	}
 	reschedule := cfg.Cycle != p.cfg.Cycle
+	if p.cfg.DryRun && !cfg.DryRun {
+		p.learned, p.learnedSince, p.cpuAtLimit = false, time.Time{}, false
+	}
 	p.cfg = cfg
 	p.eng.SetParams(cfg.Engine)
 	if reschedule && !p.lastCycle.IsZero() {

@@ -709,3 +709,45 @@ func TestSnapshotToPersistOnlyWhenItMoved(t *testing.T) {
 		t.Error("a restart without a snapshot on the optimizer: nothing to persist after five minutes")
 	}
 }
+
+// Results Learned in dry run rest on weights no client followed (the
+// DestinationRule keeps LEAST_REQUEST, the ServiceEntry equal weights).
+// Leaving dry run learns anew, as at an opt-in: LEAST_REQUEST at once, and
+// ROUND_ROBIN only once the results have been Learned for a whole query
+// window after it, not at the reconcile that leaves dry run.
+func TestLeavingDryRunLearnsAnew(t *testing.T) {
+	cfg := config()
+	cfg.Balancer, cfg.DryRun = weights.BalancerLeastRequest, true
+	p := New(cfg)
+	p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
+	end := t0.Add(10 * time.Minute)
+	_, _, ds := runUntil(t, p, end, func(time.Time) weights.Observation { return steady(nil) })
+	if !ds[len(ds)-1].Result.Learned {
+		t.Fatal("never Learned in dry run on steady signals; the test needs it")
+	}
+	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonUserChoice {
+		t.Fatalf("in dry run: %s (%s), want LEAST_REQUEST (UserChoice)", lb, why)
+	}
+	cfg.Balancer, cfg.DryRun = weights.BalancerRoundRobin, false
+	p.Configure(end, cfg)
+	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonLearning {
+		t.Errorf("leaving dry run: %s (%s), want LEAST_REQUEST (Learning)", lb, why)
+	}
+	_, at, ds := runUntil(t, p, end.Add(5*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	var since time.Time
+	for i, d := range ds {
+		if d.Result.Learned && since.IsZero() {
+			since = at[i]
+		}
+		want := weights.BalancerLeastRequest
+		if !since.IsZero() && at[i].Sub(since) >= cfg.Engine.QueryWindow {
+			want = weights.BalancerRoundRobin
+		}
+		if d.Balancer != want {
+			t.Errorf("cycle %d after leaving dry run (at %v, learned since %v): %s, want %s", i, at[i].Sub(end), since.Sub(end), d.Balancer, want)
+		}
+	}
+	if lb, _ := p.Balancer(); lb != weights.BalancerRoundRobin {
+		t.Errorf("ends on %s, want ROUND_ROBIN once Learned for a query window", lb)
+	}
+}
