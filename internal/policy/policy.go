@@ -369,6 +369,16 @@ func (p *Policy) Next(now time.Time) (Action, time.Time) {
 	if p.early {
 		return Cycle, now
 	}
+	// A wall clock stepped back (a clock without a monotonic reading, or
+	// times made from wall clock values) finds the last cycle in the
+	// future: the next is due at once rather than the step later. Each
+	// instant below is measured from now on its own clock: a look instant
+	// is a wall time (Truncate drops the monotonic reading), the cycle's
+	// carries one when now does.
+	cycle := p.nextCycle
+	if now.Before(p.lastCycle) {
+		cycle = now
+	}
 	if p.lookWanted() {
 		// Looks fall on the multiples of the look interval on the clock,
 		// so that the looks of many optimizers share instants (the
@@ -388,11 +398,14 @@ func (p *Policy) Next(now time.Time) (Action, time.Time) {
 		// run 286 -> 274 ms, p99.9 20.9 -> 15.5 s); steady runs with a
 		// chance spell of LEAST_REQUEST 8 -> 11 of 192, their p99 as
 		// before.
-		if look.Before(p.nextCycle) {
+		if now.Before(p.lastLook) {
+			look = now
+		}
+		if look.Sub(now) < cycle.Sub(now) {
 			return Look, look
 		}
 	}
-	return Cycle, p.nextCycle
+	return Cycle, cycle
 }
 
 // LookWanted reports whether a look between cycles is worth its query now

@@ -751,3 +751,27 @@ func TestLeavingDryRunLearnsAnew(t *testing.T) {
 		t.Errorf("ends on %s, want ROUND_ROBIN once Learned for a query window", lb)
 	}
 }
+
+// A wall clock stepped back an hour finds the last cycle and look in the
+// future. Whatever is due then is due at once, not an hour later, and
+// after that cycle the schedule runs on the new clock.
+func TestClockSteppedBackDelaysNoCycle(t *testing.T) {
+	for _, looks := range []bool{true, false} {
+		cfg := config()
+		if !looks {
+			cfg.LookInterval = 0
+		}
+		p, now := learned(t, cfg)
+		back := now.Add(-time.Hour)
+		act, at := p.Next(back)
+		if act != Cycle || at.After(back) {
+			t.Errorf("looks %v: after a step back, %v due at %v past the new now, want a cycle at once", looks, act, at.Sub(back))
+			continue
+		}
+		p.Cycle(back, steady(nil), fleet())
+		act, at = p.Next(back)
+		if d := at.Sub(back); d <= 0 || d > cfg.Cycle {
+			t.Errorf("looks %v: after the cycle on the new clock, %v due in %v, want within a cycle", looks, act, d)
+		}
+	}
+}

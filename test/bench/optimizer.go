@@ -40,6 +40,20 @@ type optimizerCtl struct {
 	// seenAt is when the manager running now first met the pods: those
 	// present then count as long-ready, as the mirror counts them.
 	seenAt float64
+	// last is the instant of the last action the policy ran, which can be
+	// a rounding after the simulated clock's float seconds (see wake):
+	// the policy's clock never runs back, or it reads a clock step.
+	last time.Time
+}
+
+// clock is the policy's now: the simulated clock, never before the last
+// action's instant.
+func (o *optimizerCtl) clock(s *sim) time.Time {
+	now := simTime(s.now)
+	if now.Before(o.last) {
+		return o.last
+	}
+	return now
 }
 
 // recordTrace, when set (--record-trace), is where the "optimizer"
@@ -152,7 +166,7 @@ func (o *optimizerCtl) start(s *sim) {
 // next is when the policy's next action is due (seconds; +Inf: none, until
 // the pod set changes).
 func (o *optimizerCtl) next(s *sim) float64 {
-	act, at := o.drv.Next(simTime(s.now))
+	act, at := o.drv.Next(o.clock(s))
 	o.idle = act == policy.Wait
 	if o.idle {
 		o.wakeAt = math.NaN()
@@ -207,7 +221,7 @@ func (o *optimizerCtl) wake(s *sim) float64 {
 		o.takeOver(s)
 		return o.next(s)
 	}
-	now := simTime(s.now)
+	now := o.clock(s)
 	act, at := o.drv.Next(now)
 	if act == policy.Wait || at.Sub(now) > time.Microsecond {
 		return o.next(s)
@@ -217,6 +231,7 @@ func (o *optimizerCtl) wake(s *sim) float64 {
 		// instant, a rounding away, is the one it acts at.
 		now = at
 	}
+	o.last = now
 	st := o.drv.Run(now, act, o.source(s))
 	switch {
 	case act == policy.Look:
