@@ -139,12 +139,12 @@ func (d *Driver) Run(now time.Time, act policy.Action, src Source) Step {
 	return st
 }
 
-// usable keeps the pods whose recent latency has a value, as a look's
-// answer holds only pods with data.
+// usable keeps the pods with a recent latency or request rate, as a
+// look's answer holds only pods with data (the operator's lookSignals).
 func usable(in map[string]weights.Signal) map[string]weights.Signal {
 	out := make(map[string]weights.Signal, len(in))
 	for pod, s := range in {
-		if !math.IsNaN(s.RecentLatency) {
+		if !math.IsNaN(s.RecentLatency) || !math.IsNaN(s.RecentRequests) {
 			out[pod] = s
 		}
 	}
