@@ -100,8 +100,9 @@ func (e *CoverageError) Error() string {
 // QueryCoverage renders tmpl for t (t.Host is the optimized host) and runs it
 // as one instant query. The query is never split: its parts are sums over
 // every pod, which chunks could not add up (topk of differences would come
-// out wrong), so a query longer than the source's limit fails with a
-// *QueryTooLongError. Fatal errors are those of Query. An answer with
+// out wrong). A query longer than the source's limit is rendered again
+// with the pods' names factored by prefix (Target.CompactPods); one still
+// too long fails with a *QueryTooLongError. Fatal errors are those of Query. An answer with
 // warnings (a partial response: a store or an ingester missing) gives no
 // figure, since the sums behind the ratio may be short of some of the
 // traffic and the figure feeds a condition: it fails with a
@@ -110,6 +111,14 @@ func (s *Source) QueryCoverage(ctx context.Context, tmpl string, t Target, now t
 	q, err := s.render(tmpl, t)
 	if err != nil {
 		return Coverage{}, err
+	}
+	if len(q) > s.maxQuery && !t.CompactPods {
+		// The same pods in a shorter regexp (a Service of a few hundred
+		// pods lists them three times over the limit).
+		t.CompactPods = true
+		if q, err = s.render(tmpl, t); err != nil {
+			return Coverage{}, err
+		}
 	}
 	if len(q) > s.maxQuery {
 		return Coverage{Query: q}, &QueryTooLongError{Length: len(q), Limit: s.maxQuery}

@@ -2,11 +2,13 @@ package promsource
 
 import (
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 func TestRender(t *testing.T) {
@@ -174,4 +176,72 @@ func TestFormatDuration(t *testing.T) {
 			t.Errorf("FormatDuration(%v) = %q, %v; want %q", d, got, err, want)
 		}
 	}
+}
+
+// matchesExactly reports whether the anchored alternation alt matches every
+// name in names and none of others.
+func matchesExactly(t *testing.T, alt string, names, others []string) {
+	t.Helper()
+	re, err := regexp.Compile("^(?:" + alt + ")$")
+	if err != nil {
+		t.Fatalf("alternation %q: %v", alt, err)
+	}
+	for _, n := range names {
+		if !re.MatchString(n) {
+			t.Errorf("%q does not match %q", alt, n)
+		}
+	}
+	for _, n := range others {
+		if re.MatchString(n) {
+			t.Errorf("%q matches %q, not one of the pods", alt, n)
+		}
+	}
+}
+
+// The compact alternation matches exactly the pods the plain one does, in
+// about a third of the length for Deployment pods.
+func TestPodAlternationCompact(t *testing.T) {
+	pods := []string{"web-5d8f-x2k4p", "db-0", "web-5d8f-q9z7m", "web.1", "solo", "db-1", "web-77aa-zz9k1", "a-b-", "a-b-c"}
+	others := []string{"web-5d8f-", "web-5d8f-x2k4", "web-5d8f-q9z7mx", "db-", "db-2", "webx1", "web-77aa-x2k4p", "a-b-d", "sol", "web-5d8f-x2k4p|db-0"}
+	compact := podAlternation(pods, true)
+	if want := `web-5d8f-(?:x2k4p|q9z7m)|db-(?:0|1)|web\.1|solo|web-77aa-zz9k1|a-b-(?:|c)`; compact != want {
+		t.Errorf("compact alternation %q, want %q", compact, want)
+	}
+	matchesExactly(t, compact, pods, others)
+	matchesExactly(t, podAlternation(pods, false), pods, others)
+
+	var deployment []string
+	for i := range 300 {
+		deployment = append(deployment, fmt.Sprintf("checkout-6f7d9c8b5d-%05x", i*104729%(1<<20)))
+	}
+	plain, short := podAlternation(deployment, false), podAlternation(deployment, true)
+	if 3*len(short) > len(plain) {
+		t.Errorf("300 Deployment pods: compact %d bytes, plain %d; want at most a third", len(short), len(plain))
+	}
+	matchesExactly(t, short, deployment, []string{"checkout-6f7d9c8b5d-", "checkout-6f7d9c8b5d-zzzzz"})
+}
+
+// FuzzPodAlternation: for any pod names, the compact alternation matches a
+// string exactly when the plain one does.
+func FuzzPodAlternation(f *testing.F) {
+	f.Add("web-5d8f-x2k4p,db-0,web-5d8f-q9z7m", "web-5d8f-")
+	f.Add("a-,a--,-,a-b", "a-b-")
+	f.Fuzz(func(t *testing.T, list, probe string) {
+		pods := strings.Split(list, ",")
+		for _, p := range pods {
+			if p == "" || !utf8.ValidString(p) {
+				return
+			}
+		}
+		plain := regexp.MustCompile("^(?:" + podAlternation(pods, false) + ")$")
+		compact, err := regexp.Compile("^(?:" + podAlternation(pods, true) + ")$")
+		if err != nil {
+			t.Fatalf("compact alternation of %q: %v", pods, err)
+		}
+		for _, s := range append(pods, probe) {
+			if plain.MatchString(s) != compact.MatchString(s) {
+				t.Fatalf("pods %q: %q matched %v by the plain alternation, %v by the compact one %q", pods, s, plain.MatchString(s), compact.MatchString(s), podAlternation(pods, true))
+			}
+		}
+	})
 }

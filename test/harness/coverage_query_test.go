@@ -1,6 +1,7 @@
 package harness_test
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -132,6 +133,30 @@ func TestCoverageQueryWithRealPrometheus(t *testing.T) {
 		}
 	}
 	t.Logf("coverage %.3f: received %.1f rps, weighted %.1f rps, bypassing %v, in %v via %s", ratio, c.Received, c.Weighted, c.Bypass, c.Latency, c.Query)
+
+	// A Service of 500 pods (498 of them Deployment pods without traffic):
+	// the query names them three times, over the 12 KiB limit, and is sent
+	// with their names factored by prefix; the figures are the same.
+	large := target
+	large.Pods = append([]string(nil), target.Pods...)
+	for i := range 498 {
+		large.Pods = append(large.Pods, fmt.Sprintf("web-5d8f7c9b4-%05x", i*7919))
+	}
+	c, err = source.QueryCoverage(t.Context(), promsource.DefaultCoverageQuery, large, time.Time{})
+	if err != nil {
+		t.Fatalf("coverage query of 500 pods (%d bytes): %v", len(c.Query), err)
+	}
+	if plain, _ := promsource.Render(promsource.DefaultCoverageQuery, large); len(plain) <= promsource.DefaultMaxQueryLength {
+		t.Fatalf("the plain query of 500 pods is %d bytes, within the limit: the test needs one over it", len(plain))
+	}
+	if !strings.Contains(c.Query, "web-5d8f7c9b4-(?:") {
+		t.Errorf("the query of 500 pods does not factor their names: %.300s", c.Query)
+	}
+	near("received rps of 500 pods", c.Received, 106)
+	near("weighted rps of 500 pods", c.Weighted, 60)
+	if len(c.Bypass) == 0 || c.Bypass[0].Workload != "gateway" {
+		t.Errorf("bypassing sources of 500 pods %v, want istio-system/gateway first", c.Bypass)
+	}
 
 	// A Service nobody calls has no figure rather than 0.
 	quiet := target
