@@ -101,30 +101,32 @@ type LiveEndpoints struct {
 	ReadyAt func(pod string) time.Time
 }
 
-// readyAfterWrite reports whether pod became Ready after the live
-// ServiceEntry was last written, and when it did. Both times are at whole
-// seconds: a pod Ready within the second of the write counts as there.
-func (l LiveEndpoints) readyAfterWrite(pod string) (time.Time, bool) {
+// newSinceWrite reports whether pod's live weight is no verdict on its
+// capacity, and when the pod became Ready: it became Ready after the live
+// ServiceEntry was last written (a pod created while the manager was
+// down, at an old pod's address at most), or its slow start had not ended
+// then (its weight was a ramp's). Both times are at whole seconds: a pod
+// Ready within the second of the write counts as there.
+func (l LiveEndpoints) newSinceWrite(pod string, slowStart time.Duration) (time.Time, bool) {
 	if l.ReadyAt == nil || l.Written.IsZero() {
 		return time.Time{}, false
 	}
 	t := l.ReadyAt(pod)
-	return t, !t.IsZero() && t.After(l.Written)
+	return t, !t.IsZero() && t.Add(max(slowStart, 0)).After(l.Written)
 }
 
 // seed opts the policy in with the weights that are live when the book
 // first meets an optimizer's endpoints (none at a first opt-in). A pod
 // with a live weight, or any pod at a first opt-in, counts as long-ready;
-// at a restart, a pod that became Ready after the last write is new: it
-// takes no live weight, and its slow start counts from when it became
-// Ready.
-func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uint32, live LiveEndpoints) {
+// at a restart, a pod new since the last write (newSinceWrite) takes no
+// live weight, and its slow start counts from when it became Ready.
+func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uint32, live LiveEndpoints, slowStart time.Duration) {
 	if e.policy.OptedIn() {
 		return
 	}
 	for _, ep := range eps {
 		e.readySince[ep.Pod] = time.Time{}
-		if t, after := live.readyAfterWrite(ep.Pod); after {
+		if t, isNew := live.newSinceWrite(ep.Pod, slowStart); isNew {
 			if t.After(now) {
 				t = now // a node's clock ahead of ours
 			}
@@ -160,7 +162,7 @@ func (b *WeightBook) WeightsFor(key types.NamespacedName, p weights.Params, now 
 				seed[ep.Pod] = w
 			}
 		}
-		e.seed(now, eps, seed, live)
+		e.seed(now, eps, seed, live, p.SlowStart)
 	}
 	return e.policy.Weights(now, e.pods(now, eps))
 }
@@ -216,7 +218,7 @@ func (b *WeightBook) Applied(key types.NamespacedName, p weights.Params, now tim
 		e.policy.Applied(now, w)
 	} else {
 		// The weights the mirror just wrote for these very pods.
-		e.seed(now, eps, w, LiveEndpoints{})
+		e.seed(now, eps, w, LiveEndpoints{}, p.SlowStart)
 	}
 	// A new slice each time, so callers may keep the one they got.
 	e.endpoints = append([]desired.Endpoint(nil), eps...)

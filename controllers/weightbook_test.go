@@ -113,4 +113,18 @@ func TestRestartSeedSkipsPodsReadyAfterTheLastWrite(t *testing.T) {
 	if r := float64(w["web-new"]) / float64(w["web-b"]); math.Abs(r-9) > 0.01 {
 		t.Errorf("without the write time the address decides: web-new has %.3fx web-b's weight, want the live 9x: %v", r, w)
 	}
+
+	// A pod whose slow start had not ended at the last write carries a
+	// ramp's weight, not a capacity's: its slow start counts from its Ready
+	// time (over by now), rather than the ramp's weight being held as a
+	// settled capacity.
+	ready["web-new"] = written.Add(-time.Minute) // half way at the write
+	live["10.0.0.3"] = 500
+	w, since = restart(LiveEndpoints{Weights: live, Written: written, ReadyAt: func(pod string) time.Time { return ready[pod] }})
+	if !since["web-new"].Equal(ready["web-new"]) {
+		t.Errorf("ready since %v, want web-new's Ready time %v: its slow start goes on", since, ready["web-new"])
+	}
+	if hi := (w["web-a"] + w["web-b"]) / 2; w["web-new"] >= hi || w["web-new"] <= 500 {
+		t.Errorf("the pod ramping at the last write has weight %d, want an initial one above the ramp's live 500 and below the others' mean %d: %v", w["web-new"], hi, w)
+	}
 }
