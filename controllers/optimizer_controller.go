@@ -307,13 +307,18 @@ func (r *MirrorReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	return ctrl.Result{}, nil
 }
 
-// liveObjects are the objects that exist now.
 // liveEndpoints is what the live ServiceEntry tells a restart (see
 // LiveEndpoints): its weights, when this operator last wrote it (the
 // latest time among its managed fields entries: apply, and the
-// endpoint-limit patch), and the pods' Ready times.
+// endpoint-limit patch), and when the pods were created and became Ready.
 func liveEndpoints(in desired.Input, se *istionet.ServiceEntry) LiveEndpoints {
-	l := LiveEndpoints{Weights: in.LiveWeights, ReadyAt: func(pod string) time.Time { return podReadyAt(in.Pods[pod]).Time }}
+	l := LiveEndpoints{Weights: in.LiveWeights, PodTimes: func(name string) (created, ready time.Time) {
+		pod := in.Pods[name]
+		if pod == nil {
+			return time.Time{}, time.Time{}
+		}
+		return pod.CreationTimestamp.Time, podReadyAt(pod).Time
+	}}
 	if se != nil {
 		for _, mf := range se.ManagedFields {
 			if mf.Manager == FieldManager && mf.Time != nil && mf.Time.After(l.Written) {
@@ -324,6 +329,7 @@ func liveEndpoints(in desired.Input, se *istionet.ServiceEntry) LiveEndpoints {
 	return l
 }
 
+// liveObjects are the objects that exist now.
 type liveObjects struct {
 	se                   *istionet.ServiceEntry
 	dr                   *istionet.DestinationRule

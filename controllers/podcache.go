@@ -29,7 +29,8 @@ type PodCache struct {
 }
 
 // podInfo is a cached pod. Only Name, Namespace and ResourceVersion of the
-// metadata are set (the informer keys on them).
+// metadata are set (the informer keys on them), and CreationTimestamp (a
+// restart tells pods created while it was down by it).
 type podInfo struct {
 	metav1.ObjectMeta
 	serviceAccount, node string
@@ -177,7 +178,8 @@ var internedPodMaps interned[map[string]string]
 
 func newPodInfo(pod *corev1.Pod) *podInfo {
 	p := &podInfo{
-		ObjectMeta:     metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, ResourceVersion: pod.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, ResourceVersion: pod.ResourceVersion,
+			CreationTimestamp: pod.CreationTimestamp},
 		serviceAccount: pod.Spec.ServiceAccountName,
 		node:           pod.Spec.NodeName,
 	}
@@ -217,7 +219,7 @@ func (p *podInfo) podInto(dst *corev1.Pod) {
 	containers := dst.Spec.Containers[:0]
 	conditions := dst.Status.Conditions[:0]
 	*dst = corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, ResourceVersion: p.ResourceVersion,
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, ResourceVersion: p.ResourceVersion, CreationTimestamp: p.CreationTimestamp,
 			Labels: p.labels, Annotations: p.annotations},
 		Spec: corev1.PodSpec{ServiceAccountName: p.serviceAccount, NodeName: p.node},
 	}

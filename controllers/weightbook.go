@@ -92,27 +92,33 @@ type LiveEndpoints struct {
 	// Weights by address.
 	Weights map[string]uint32
 	// Written is when the operator last wrote the ServiceEntry (zero:
-	// unknown), and ReadyAt when a pod last became Ready (zero: unknown).
-	// Endpoints carry no pod identity, so a live weight is a pod's only if
-	// the pod was Ready by then: a pod that became Ready later (created
-	// while the manager was down) reuses an old pod's address at most, and
-	// is new.
-	Written time.Time
-	ReadyAt func(pod string) time.Time
+	// unknown), and PodTimes when a pod was created and last became Ready
+	// (zero: unknown; nil: none known). Endpoints carry no pod identity, so
+	// a live weight is a pod's only if the pod was there when it was
+	// written (see newSinceWrite).
+	Written  time.Time
+	PodTimes func(pod string) (created, ready time.Time)
 }
 
 // newSinceWrite reports whether pod's live weight is no verdict on its
-// capacity, and when the pod became Ready: it became Ready after the live
-// ServiceEntry was last written (a pod created while the manager was
-// down, at an old pod's address at most), or its slow start had not ended
-// then (its weight was a ramp's). Both times are at whole seconds: a pod
-// Ready within the second of the write counts as there.
+// capacity, and when the pod became Ready (zero: unknown). It is new if
+// it was created after the live ServiceEntry was last written (while the
+// manager was down: at an old pod's address at most), both times by the
+// API server's clock; or if its slow start had not ended by then (its
+// weight was a ramp's), by the Ready time its node's kubelet gave, within
+// that node's clock skew. A pod whose readiness blinked after the write
+// keeps its weight without slow start, and ramps again with one.
+// The times are at whole seconds: a pod created within the second of the
+// write counts as there.
 func (l LiveEndpoints) newSinceWrite(pod string, slowStart time.Duration) (time.Time, bool) {
-	if l.ReadyAt == nil || l.Written.IsZero() {
+	if l.PodTimes == nil || l.Written.IsZero() {
 		return time.Time{}, false
 	}
-	t := l.ReadyAt(pod)
-	return t, !t.IsZero() && t.Add(max(slowStart, 0)).After(l.Written)
+	created, ready := l.PodTimes(pod)
+	if created.After(l.Written) {
+		return ready, true
+	}
+	return ready, slowStart > 0 && !ready.IsZero() && ready.Add(slowStart).After(l.Written)
 }
 
 // seed opts the policy in with the weights that are live when the book
@@ -127,8 +133,8 @@ func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uin
 	for _, ep := range eps {
 		e.readySince[ep.Pod] = time.Time{}
 		if t, isNew := live.newSinceWrite(ep.Pod, slowStart); isNew {
-			if t.After(now) {
-				t = now // a node's clock ahead of ours
+			if t.IsZero() || t.After(now) {
+				t = now // unknown, or a node's clock ahead of ours
 			}
 			e.readySince[ep.Pod] = t
 			delete(w, ep.Pod)
@@ -140,7 +146,7 @@ func (e *bookEntry) seed(now time.Time, eps []desired.Endpoint, w map[string]uin
 // WeightsFor returns, by pod, the weights the mirror should write for eps.
 // Without the engine (no metrics backend, or dry run) they are the weights
 // the mirror applied last, so an out-of-band edit is put back; nil after a
-// restart, when the live ServiceEntry's weights count. With the engine they
+// restart, when the live ServiceEntry's weights count (by address). With the engine they
 // are the engine's weights: its latest for pods that stay, initial ones
 // (slow start, hardware class, median) for new pods; at the first meeting
 // after a restart, the live ones (see seed).

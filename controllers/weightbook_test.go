@@ -65,13 +65,15 @@ func TestReadySinceFollowsThePodSet(t *testing.T) {
 }
 
 // After a restart the live ServiceEntry's weights are matched to pods by
-// address, and a pod takes one only if it was Ready when the operator last
-// wrote the ServiceEntry. A pod that became Ready later (created while the
-// manager was down, here at the address of a pod that left) is new: it
-// takes an initial weight, not the old pod's, and its slow start counts
-// from its Ready time. Without the write time, the address decides, as
+// address, and a pod takes one only if it was there when the operator last
+// wrote the ServiceEntry. A pod created later (while the manager was down,
+// here at the address of a pod that left) is new: it takes an initial
+// weight, not the old pod's, and its slow start counts from its Ready
+// time; so is a pod whose slow start had not ended at the write (its
+// weight was a ramp's). A pod whose readiness blinked after the write
+// keeps its weight. Without the write time, the address decides, as
 // before.
-func TestRestartSeedSkipsPodsReadyAfterTheLastWrite(t *testing.T) {
+func TestRestartSeedSkipsPodsNewSinceTheLastWrite(t *testing.T) {
 	written := time.Unix(1_700_000_000, 0)
 	now := written.Add(2 * time.Minute)
 	eps := []desired.Endpoint{
@@ -79,11 +81,17 @@ func TestRestartSeedSkipsPodsReadyAfterTheLastWrite(t *testing.T) {
 		{Pod: "web-b", Address: "10.0.0.2", Cores: 2},
 		{Pod: "web-new", Address: "10.0.0.3", Cores: 2}, // the address of a pod that left
 	}
+	created := map[string]time.Time{
+		"web-a":   written.Add(-2 * time.Hour),
+		"web-b":   written.Add(-2 * time.Hour),
+		"web-new": written.Add(50 * time.Second),
+	}
 	ready := map[string]time.Time{
 		"web-a":   written.Add(-time.Hour),
 		"web-b":   written.Add(-time.Hour),
 		"web-new": written.Add(time.Minute),
 	}
+	times := func(pod string) (time.Time, time.Time) { return created[pod], ready[pod] }
 	live := map[string]uint32{"10.0.0.1": 2000, "10.0.0.2": 1000, "10.0.0.3": 9000}
 	key := types.NamespacedName{Namespace: "shop", Name: "web"}
 	p := weights.DefaultParams()
@@ -97,7 +105,7 @@ func TestRestartSeedSkipsPodsReadyAfterTheLastWrite(t *testing.T) {
 		return w, b.entries[key].readySince
 	}
 
-	w, since := restart(LiveEndpoints{Weights: live, Written: written, ReadyAt: func(pod string) time.Time { return ready[pod] }})
+	w, since := restart(LiveEndpoints{Weights: live, Written: written, PodTimes: times})
 	if r := float64(w["web-a"]) / float64(w["web-b"]); math.Abs(r-2) > 0.01 {
 		t.Errorf("web-a has %.3fx web-b's weight, want the live 2x: %v", r, w)
 	}
@@ -109,7 +117,7 @@ func TestRestartSeedSkipsPodsReadyAfterTheLastWrite(t *testing.T) {
 		t.Errorf("ready since %v, want web-new's Ready time %v and the others long ready", since, ready["web-new"])
 	}
 
-	w, _ = restart(LiveEndpoints{Weights: live, ReadyAt: func(pod string) time.Time { return ready[pod] }})
+	w, _ = restart(LiveEndpoints{Weights: live, PodTimes: times})
 	if r := float64(w["web-new"]) / float64(w["web-b"]); math.Abs(r-9) > 0.01 {
 		t.Errorf("without the write time the address decides: web-new has %.3fx web-b's weight, want the live 9x: %v", r, w)
 	}
@@ -118,13 +126,22 @@ func TestRestartSeedSkipsPodsReadyAfterTheLastWrite(t *testing.T) {
 	// ramp's weight, not a capacity's: its slow start counts from its Ready
 	// time (over by now), rather than the ramp's weight being held as a
 	// settled capacity.
-	ready["web-new"] = written.Add(-time.Minute) // half way at the write
+	created["web-new"], ready["web-new"] = written.Add(-2*time.Minute), written.Add(-time.Minute) // half way at the write
 	live["10.0.0.3"] = 500
-	w, since = restart(LiveEndpoints{Weights: live, Written: written, ReadyAt: func(pod string) time.Time { return ready[pod] }})
+	w, since = restart(LiveEndpoints{Weights: live, Written: written, PodTimes: times})
 	if !since["web-new"].Equal(ready["web-new"]) {
 		t.Errorf("ready since %v, want web-new's Ready time %v: its slow start goes on", since, ready["web-new"])
 	}
 	if hi := (w["web-a"] + w["web-b"]) / 2; w["web-new"] >= hi || w["web-new"] <= 500 {
 		t.Errorf("the pod ramping at the last write has weight %d, want an initial one above the ramp's live 500 and below the others' mean %d: %v", w["web-new"], hi, w)
+	}
+
+	// Without slow start, a pod created before the write whose readiness
+	// blinked after it keeps its live weight.
+	p.SlowStart = 0
+	ready["web-b"] = written.Add(30 * time.Second)
+	w, since = restart(LiveEndpoints{Weights: live, Written: written, PodTimes: times})
+	if r := float64(w["web-a"]) / float64(w["web-b"]); math.Abs(r-2) > 0.01 || !since["web-b"].IsZero() {
+		t.Errorf("a pod whose readiness blinked after the write: web-a has %.3fx its weight (want the live 2x), ready since %v (want long ready)", r, since["web-b"])
 	}
 }

@@ -340,10 +340,10 @@ func TestRestartKeepsLeastRequestForAPodAtItsLimit(t *testing.T) {
 // TestRestartGivesAPodReadyWhileDownNoLiveWeight: ServiceEntry endpoints
 // carry no pod identity, so a restarted manager matches the live weights to
 // pods by address. A pod created while it was down, at the address of a
-// fast pod that left, must not take that pod's learned weight: it became
-// Ready after the operator last wrote the ServiceEntry (its managed fields'
-// time), so it is new and starts its slow start from its Ready time. The
-// other pods keep their live weights.
+// fast pod that left, must not take that pod's learned weight: it was
+// created and became Ready after the operator last wrote the ServiceEntry
+// (its managed fields' time), so it is new and starts its slow start from
+// its Ready time. The other pods keep their live weights.
 func TestRestartGivesAPodReadyWhileDownNoLiveWeight(t *testing.T) {
 	env := newRestartEnv(t, false, false, func(d *controllers.EngineDefaults) { d.Params.SlowStart = time.Minute })
 	c, ns, ctx := env.c, env.ns, t.Context()
