@@ -308,64 +308,68 @@ func readToken(file string) (string, error) {
 
 // fileReloader serves a value read from files, and reads it again when
 // any of them changes: cert-manager and the kubelet rotate mounted Secrets
-// and ConfigMaps in place. A changed file is read once per change,
-// whatever it holds; if the read fails, the last good value stays in use
-// and stale, when set, is told (once per change, and once when a file
-// vanishes). same, when set, keeps the last value (and what was built on
-// it) when a new read holds the same thing.
+// and ConfigMaps in place. If a read fails, the last good value stays in
+// use and the files are read again at the next use, since a file can be
+// caught mid-write (a certificate written before its key, a torn read
+// within one modification time); stale, when set, is told when a second
+// read of the files as they were fails too (once for each state of them,
+// a vanished file included). same, when set, keeps the last value (and
+// what was built on it) when a new read holds the same thing.
 type fileReloader[T any] struct {
 	files []string
 	read  func() (T, error)
 	same  func(a, b T) bool
 	stale func(error)
 
-	mu      sync.Mutex
-	value   T
-	ok      bool
-	mods    []time.Time
-	missing bool // a file was missing at the last read, and stale told
+	mu    sync.Mutex
+	value T
+	ok    bool
+	mods  []time.Time
+	// failed: the last read failed, with the files at failedMods (nil: a
+	// file was missing); told: stale was told of that state.
+	failed, told bool
+	failedMods   []time.Time
 }
 
 func (r *fileReloader[T]) get() (T, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	mods := make([]time.Time, len(r.files))
-	statOK := true
 	for i, f := range r.files {
 		st, err := os.Stat(f)
 		if err != nil {
-			statOK = false
+			mods = nil
 			break
 		}
 		mods[i] = st.ModTime()
 	}
-	if r.ok && statOK && slices.EqualFunc(mods, r.mods, time.Time.Equal) {
-		r.missing = false
+	if r.ok && mods != nil && slices.EqualFunc(mods, r.mods, time.Time.Equal) {
+		r.failed, r.told = false, false
 		return r.value, nil
 	}
 	v, err := r.read()
-	if statOK && r.ok {
-		r.mods = mods
-	}
 	switch {
 	case err != nil && r.ok:
-		if r.stale != nil && !(r.missing && !statOK) {
+		again := r.failed && (mods == nil) == (r.failedMods == nil) && slices.EqualFunc(mods, r.failedMods, time.Time.Equal)
+		if !again {
+			r.failed, r.told, r.failedMods = true, false, mods
+		} else if !r.told && r.stale != nil {
+			r.told = true
 			r.stale(fmt.Errorf("%s changed and cannot be read, so the last good one stays in use: %w", strings.Join(r.files, " or "), err))
 		}
-		r.missing = !statOK
 		return r.value, nil
 	case err != nil:
 		var zero T
 		return zero, err
 	}
-	r.missing = false
+	r.failed, r.told = false, false
+	if mods != nil {
+		r.mods = mods
+	}
 	if r.ok && r.same != nil && r.same(v, r.value) {
 		return r.value, nil
 	}
 	r.value, r.ok = v, true
-	if statOK {
-		r.mods = mods
-	}
 	return r.value, nil
 }
 

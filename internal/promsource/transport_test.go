@@ -2,11 +2,13 @@ package promsource
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestCredentialsFromFiles: basic auth and header values come from files,
@@ -82,5 +84,73 @@ func TestFileCredentialsRejectBadConfig(t *testing.T) {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("%s: New succeeded, want an error", name)
 		}
+	}
+}
+
+// A rotation caught mid-write is no rotation gone wrong: a pair of files
+// read after the first was written and before the second (a certificate
+// before its key), or a file read half written within one modification
+// time, fails once, is read again at the next use, and is taken once
+// whole, with nothing reported. A state of the files that fails twice is
+// reported once.
+func TestReloaderRetriesAReadCaughtMidWrite(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "cert"), filepath.Join(dir, "key")
+	at := time.Now()
+	write := func(path, content string, mod time.Time) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, mod, mod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The pair is good when both files hold the same generation.
+	r := &fileReloader[string]{files: []string{a, b}, read: func() (string, error) {
+		x, err1 := os.ReadFile(a)
+		y, err2 := os.ReadFile(b)
+		if err := errors.Join(err1, err2); err != nil {
+			return "", err
+		}
+		if string(x) != string(y) {
+			return "", fmt.Errorf("%q does not go with %q", x, y)
+		}
+		return string(x), nil
+	}}
+	var told []error
+	r.stale = func(err error) { told = append(told, err) }
+	get := func(want string) {
+		t.Helper()
+		if v, err := r.get(); err != nil || v != want {
+			t.Fatalf("get() = %q, %v; want %q", v, err, want)
+		}
+	}
+	write(a, "1", at)
+	write(b, "1", at)
+	get("1")
+
+	// A certificate written before its key.
+	write(a, "2", at.Add(time.Minute))
+	get("1")
+	write(b, "2", at.Add(time.Minute))
+	get("2")
+	// A torn read: half written, then whole, within one modification time.
+	write(a, "3", at.Add(2*time.Minute))
+	write(b, "x", at.Add(2*time.Minute))
+	get("2")
+	write(b, "3", at.Add(2*time.Minute))
+	get("3")
+	if len(told) != 0 {
+		t.Fatalf("rotations caught mid-write reported: %v", told)
+	}
+
+	// A rotation that stays broken: reported at the second read, once.
+	write(a, "4", at.Add(3*time.Minute))
+	for range 3 {
+		get("3")
+	}
+	if len(told) != 1 {
+		t.Fatalf("a pair that stays broken: told %d times, want once", len(told))
 	}
 }
