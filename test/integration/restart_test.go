@@ -345,7 +345,7 @@ func TestRestartKeepsLeastRequestForAPodAtItsLimit(t *testing.T) {
 // (its managed fields' time), so it is new and starts its slow start from
 // its Ready time. The other pods keep their live weights.
 func TestRestartGivesAPodReadyWhileDownNoLiveWeight(t *testing.T) {
-	env := newRestartEnv(t, false, false, func(d *controllers.EngineDefaults) { d.Params.SlowStart = time.Minute })
+	env := newRestartEnv(t, false, false, func(d *controllers.EngineDefaults) { d.Params.SlowStart = 5 * time.Minute })
 	c, ns, ctx := env.c, env.ns, t.Context()
 	m, stop := env.start()
 	env.waitCycles(t, m, 60)
@@ -411,7 +411,9 @@ func TestRestartGivesAPodReadyWhileDownNoLiveWeight(t *testing.T) {
 
 	// The restart: within its first cycles the new pod is at the start of
 	// its slow start (the smallest weight, a tenth of the mean, rising to
-	// the mean over a minute), not at api-a's weight.
+	// the median's over five minutes: below a third of the mean for more
+	// than a minute, however slowly the manager starts), not at api-a's
+	// weight.
 	m, stop = env.start()
 	defer stop()
 	env.waitCycles(t, m, 5)
