@@ -196,8 +196,8 @@ func solveBounds(pods []decidePod, load float64) ([]float64, bounds) {
 	for _, i := range open {
 		x[i] = at(i, hi)
 		got += x[i]
-		p := pods[i]
-		if held.at[i] = p.c*p.v*utilisationAt(p.c, p.v, hi) >= limit(i); !held.at[i] {
+		// at gives exactly the limit where it holds the pod there.
+		if held.at[i] = x[i] >= limit(i); !held.at[i] {
 			held.level = hi
 		}
 	}
