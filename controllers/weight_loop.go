@@ -296,25 +296,17 @@ func (l *WeightLoop) look(ctx context.Context, logger logr.Logger, key types.Nam
 }
 
 // lookSignals are a look's signals: the recent latency and request rate
-// of every pod with either answer, NaN for the other and for the fields a
-// look does not ask. A pod with a request rate but no latency (it
-// completed none over the window) still counts in what the Service sent
-// per share of weight, as at a cycle.
+// of every pod with either answer (podSignals, NaN for the rest). A pod
+// with a request rate but no latency (it completed none over the window)
+// still counts in what the Service sent per share of weight, as at a
+// cycle.
 func lookSignals(pods []string, latency, requests map[string]float64) map[string]weights.Signal {
 	out := make(map[string]weights.Signal, len(pods))
-	for _, pod := range pods {
-		lat, okLat := latency[pod]
-		served, okReq := requests[pod]
-		if !okLat && !okReq {
-			continue
+	podSignals(out, pods, answers{recentLatency: promsource.Result{Values: latency}, recentRequests: promsource.Result{Values: requests}}, false)
+	for pod, s := range out {
+		if math.IsNaN(s.RecentLatency) && math.IsNaN(s.RecentRequests) {
+			delete(out, pod)
 		}
-		if !okLat {
-			lat = math.NaN()
-		}
-		if !okReq {
-			served = math.NaN()
-		}
-		out[pod] = weights.Signal{CPU: math.NaN(), Requests: math.NaN(), Latency: math.NaN(), RecentLatency: lat, RecentRequests: served}
 	}
 	return out
 }
