@@ -75,11 +75,12 @@ type Config struct {
 	MaxQueryLength int
 	// OnStaleCredentials, when set, is told when a reloaded file (the CA
 	// bundle, the client certificate or key) changed or vanished and can no
-	// longer be read, so the last good value stays in use: once per change
-	// of the file, and once when it vanishes. The queries go on working
-	// until the old certificate expires, so nothing else would show it. A
-	// certificate and key written one after the other (not by the kubelet,
-	// which swaps both at once) can be told once between the two writes.
+	// longer be read, so the last good value stays in use: once a second
+	// read of the files as they stand fails too (a read caught mid-write,
+	// a certificate before its key, is read again at the next query and
+	// not told), once for each state of them, a vanished file included.
+	// The queries go on working until the old certificate expires, so
+	// nothing else would show it.
 	// It is called with the reloader's lock held, from any goroutine: it
 	// must not block or use the Source.
 	OnStaleCredentials func(error)
