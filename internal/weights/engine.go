@@ -83,6 +83,9 @@ type podState struct {
 	// coresR: the variance of a cores reading when the filter last took
 	// one; the estimate's variance is restated in the next one's.
 	coresR float64
+	// speedR: the same for the speed filter, the readings' noise (see
+	// restate).
+	speedR float64
 	// calibrate: the pod's live weight came from an engine that ran
 	// before (SeedSettled); its first cycle with a speed reading takes
 	// the capacity that makes that weight the optimum (see calibrateTo).

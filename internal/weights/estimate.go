@@ -94,6 +94,24 @@ func (f *filter) update(lo, hi, r, corr float64, p Params, bounded bool) bool {
 	return false
 }
 
+// restate keeps the filter's variance counted in readings when their
+// noise is re-measured: the estimate's variance is that of the readings
+// it holds, their noise over their count, and was stated in the noise r
+// known at its last reading (*was; r becomes it). While the noise is
+// still being measured (measuring) the count is restated in the noise as
+// measured so far, so that the readings that follow outweigh the first
+// ones as in a mean rather than at Smoothing's pace: the first readings
+// are taken at the prior's percent, though a reading is often a tenth
+// off. Upward only: a noise measured smaller does not make the readings
+// already taken surer. Once the noise is measured, its own wander is not
+// restated: the bar would follow it.
+func (f *filter) restate(r float64, was *float64, measuring bool) {
+	if f.known && *was > 0 && measuring {
+		f.v *= max(r / *was, 1)
+	}
+	*was = r
+}
+
 // censor folds a reading that only bounds the estimate from above (log
 // bound b of variance r): the mean of a Gaussian prior truncated at the
 // bound (the Tobit update). One already below the bound is not moved. A
@@ -164,6 +182,8 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 			}
 			continue
 		}
+		// The readings' noise is measured over the cycles (measureNoise).
+		st.speed.restate(r, &st.speedR, e.noiseCycles < e.params.memory())
 		if rd.speed.upper {
 			if !st.speed.known && typical != nil {
 				hi = min(hi, *typical)
@@ -326,26 +346,14 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		if rd.nodeCeiling > 0 {
 			ceiling = math.Log(rd.nodeCeiling) - st.cores.m
 		}
-		if st.cores.known && st.coresR > 0 && len(st.coresResiduals) < e.params.memory() {
-			// The estimate's variance counts readings in the units of
-			// their noise. While the pod's residuals are still measuring
-			// that noise (at a first opt-in its first readings are taken
-			// at the speed readings' percent, though a ceiling is often a
-			// tenth off), the count is restated in the noise as measured
-			// so far, so that the readings that follow outweigh the first
-			// ones as in a mean rather than at Smoothing's pace. Upward
-			// only: a noise measured smaller does not make the readings
-			// already taken surer. Without it, a fast pod without a limit
-			// at 90% load read 11% high at opt-in was still 3% high ten
-			// minutes on and fell behind twice. Over the bench's no-limit
-			// scenarios (16 seeds each) the runs with a write after
-			// settling went from 17 to 10, the median p99 at 90% load fell
-			// 3.6%, and on CPU alone on a 1-2-4-8-core mix by a quarter.
-			// Once a memory of residuals has measured the noise, its own
-			// wander is not restated: the bar would follow it.
-			st.cores.v *= max(noise/st.coresR, 1)
-		}
-		st.coresR = noise
+		// The cores readings' noise is measured from the pod's own
+		// residuals (see restate). Without the restatement, a fast pod
+		// without a limit at 90% load read 11% high at opt-in was still
+		// 3% high ten minutes on and fell behind twice. Over the bench's
+		// no-limit scenarios (16 seeds each) the runs with a write after
+		// settling went from 17 to 10, the median p99 at 90% load fell
+		// 3.6%, and on CPU alone on a 1-2-4-8-core mix by a quarter.
+		st.cores.restate(noise, &st.coresR, len(st.coresResiduals) < e.params.memory())
 		restarted := st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded)
 		if !known && st.coresSettled {
 			st.cores.v, st.cores.n = e.params.Smoothing*r, e.params.memory()
