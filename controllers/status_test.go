@@ -305,3 +305,26 @@ func TestQuietCycleNeedsTheRecordedModeAndDryRun(t *testing.T) {
 		}
 	}
 }
+
+// A pod that the weight floor alone overloads makes the optimizer Degraded,
+// naming the pod and the field that sets the floor; without it the
+// optimizer is not Degraded.
+func TestFloorOverloadIsDegraded(t *testing.T) {
+	for _, overloaded := range []bool{true, false} {
+		opt := &optv1.IstioAdaptiveRequestOptimizer{}
+		opt.Namespace, opt.Name = "shop", "web"
+		res := weights.Result{Mode: weights.ModeSteady, Weights: map[string]uint32{"big": 1234, "tiny": 101}}
+		if overloaded {
+			res.Reasons = []weights.Reason{{Code: weights.ReasonFloorOverload, Pods: []string{"tiny"}, Limit: 10}}
+		}
+		st := newStatus(opt)
+		st.host, st.endpoints = "web.shop.adaptive", 2
+		st.optimization(&Outcome{Time: time.Unix(1e9, 0), Result: res}, true)
+		st.apply(opt, time.Unix(1e9, 0))
+		d := meta.FindStatusCondition(opt.Status.Conditions, optv1.ConditionDegraded)
+		degraded := d != nil && d.Status == metav1.ConditionTrue && d.Reason == "WeightFloorOverload"
+		if degraded != overloaded || (overloaded && (!strings.Contains(d.Message, "(tiny)") || !strings.Contains(d.Message, "spec.optimization.max_weight_ratio"))) {
+			t.Errorf("floor overload %v: Degraded %+v", overloaded, d)
+		}
+	}
+}

@@ -220,6 +220,33 @@ func (p Params) atFloor(w, mean float64) bool {
 	return w <= mean/p.MaxRatio+0.5
 }
 
+// floorOverload returns the pods of set that the proposal holds at the
+// MaxRatio floor and that the floor alone sends more than their capacity,
+// at a known load: no weight the ratio allows keeps their queue from
+// growing, so the promise's cap cannot hold, and the user must hear it.
+// The capacity is the pod's own (models), not what a backlog leaves of it
+// while it drains (dp), which passes.
+func (p Params) floorOverload(set []Pod, proposal []float64, models []podModel, dp []decidePod, load float64) []string {
+	if !(load > 0) || len(proposal) == 0 {
+		return nil
+	}
+	sum := 0.0
+	for _, w := range proposal {
+		sum += w
+	}
+	mean := sum / float64(len(proposal))
+	var out []string
+	for i, pod := range set {
+		if dp[i].fixed || !p.atFloor(proposal[i], mean) {
+			continue
+		}
+		if load*proposal[i]/sum > models[i].c*models[i].v {
+			out = append(out, pod.Name)
+		}
+	}
+	return out
+}
+
 // settle turns a proposal into the weights to publish against the
 // reference. With write false, pods that stay keep their reference weights
 // exactly and only new pods get a weight (scaled to the reference);

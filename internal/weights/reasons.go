@@ -38,6 +38,10 @@ const (
 	ReasonBacklog ReasonCode = "Backlog"
 	// ReasonSaturated: these Pods used all the CPU they could.
 	ReasonSaturated ReasonCode = "Saturated"
+	// ReasonFloorOverload: the MaxRatio floor (Limit) alone sends these
+	// Pods more than they can serve: their weight is the least the ratio
+	// allows, and their queue grows whatever the other weights.
+	ReasonFloorOverload ReasonCode = "FloorOverload"
 	// ReasonCPUOnly: these Pods have no CPU limit and nothing in CPU alone
 	// shows their overload; they are weighted by guessed cores and not
 	// learned from (Result.Unlearned).
@@ -132,6 +136,8 @@ func (r Reason) String() string {
 		return fmt.Sprintf("%d pod(s) with a backlog (%s) get less traffic until it clears", len(r.Pods), pods())
 	case ReasonSaturated:
 		return fmt.Sprintf("%d pod(s) at their CPU limit (%s)", len(r.Pods), pods())
+	case ReasonFloorOverload:
+		return fmt.Sprintf("%d pod(s) (%s) are sent more than they can serve by the weight floor alone (the mean weight over a max weight ratio of %g): their queue grows; raise the ratio if no client is a gRPC one that clips it, or give them more CPU", len(r.Pods), pods(), r.Limit)
 	case ReasonCPUOnly:
 		return fmt.Sprintf("%d pod(s) without a CPU limit or node CPU data (%s) are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", len(r.Pods), pods())
 	}

@@ -223,6 +223,9 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		mode = ModeSteady
 	}
 	reasons = append(reasons, e.cycleReasons(set, c, learnedFrom, gain, bar, maxMove, write)...)
+	if over := e.params.floorOverload(set, proposal, models, dp, load); len(over) > 0 {
+		reasons = append(reasons, Reason{Code: ReasonFloorOverload, Pods: over, Limit: e.params.MaxRatio})
+	}
 	return e.finish(set, mode, weights, changed, reasons)
 }
 
