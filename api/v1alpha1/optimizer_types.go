@@ -135,7 +135,10 @@ type Optimization struct {
 	// written only when the request time they are predicted to save beats
 	// (dead_band_percent/100)² of it plus what the estimates' own noise could
 	// show, so noise causes no writes. Near full load, where a weight a few
-	// percent high is a queue, a smaller gap is worth a write.
+	// percent high is a queue, a smaller gap is worth a write, but a write
+	// always moves some pod's traffic by at least dead_band_percent (weights
+	// that close to their targets are converged), unless a pod is sent more
+	// than it can serve or its estimate is following a change.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50
 	// +optional

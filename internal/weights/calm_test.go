@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -725,4 +726,37 @@ func TestServedShareOfTwoPods(t *testing.T) {
 	if served, _ := recentServed(set, sig, live, 30*time.Second); math.Abs(served[1]-0.87) > 1e-9 || served[0] != 1 || served[2] != 1 {
 		t.Errorf("served %v, want 1, 0.87, 1", served)
 	}
+}
+
+// Weights within the dead band of their targets are not rewritten: once
+// the opt-in's moves are made, the estimates settle over their memory and
+// their targets drift by a few percent, which is their convergence, not
+// news. Every write moves some pod's traffic by at least DeadBand, unless
+// a pod's estimate is following a change the data showed (none here) or a
+// pod is sent its capacity or more.
+func TestNoRefinementInsideTheDeadBand(t *testing.T) {
+	small, held := 0, 0
+	for _, load := range []float64{0.8, 0.9} {
+		for seed := range uint64(8) {
+			l := newClosedLoop(t, loopConfig{speeds: hetero12(), load: load, phase: 5 * time.Second,
+				useRequests: true, knownCores: true, cpuNoise: 0.03, seed: seed})
+			for k := range 40 {
+				res := l.step()
+				if m, ok := Has(res.Reasons, ReasonMoved); ok && res.Changed && m.Value < DefaultParams().DeadBand && !math.IsInf(m.Gain, 1) {
+					small++
+					t.Errorf("load %v seed %d cycle %d: a write inside the dead band: %s", load, seed, k+1, res.Message)
+				}
+				if s, ok := Has(res.Reasons, ReasonSteady); ok && s.Limit > 0 {
+					held++
+					if !strings.Contains(res.Message, "the dead band") {
+						t.Errorf("a refinement held by the dead band does not say so: %s", res.Message)
+					}
+				}
+			}
+		}
+	}
+	if held == 0 {
+		t.Errorf("no refinement was held by the dead band: the runs do not show the rule")
+	}
+	t.Logf("%d writes inside the dead band, %d cycles held by it", small, held)
 }

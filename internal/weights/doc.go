@@ -60,7 +60,9 @@
 //     what the estimates' noise carried through the solver could show by
 //     chance (zSigmas; a settled estimate's noise, or a speed estimate's
 //     own while it has only begun) plus a write's cost (DeadBand² of the
-//     request time); a pod that the MaxRatio floor holds on both sides is
+//     request time), and moves some pod's traffic by at least DeadBand
+//     (closer weights are converged) unless a pod is sent its capacity or
+//     its estimate is following a change; a pod that the MaxRatio floor holds on both sides is
 //     compared at its live traffic; then MaxStep, MaxRatio (gRPC clients clip at
 //     0.1x-10x), integers of at least 1, and sums per locality below
 //     2^32-1.

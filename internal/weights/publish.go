@@ -18,7 +18,9 @@ import (
 // off at about half load costs that much). Noise alone moves the targets
 // by about their standard deviation, so it does not pass; near full load a
 // misplaced unit of traffic costs more (T'' grows with the utilisation),
-// and a smaller gap is worth a write. A pod sent its capacity
+// and a smaller gap is worth a write, down to the dead band: a write moves
+// some pod's traffic by at least DeadBand, for weights within it of their
+// targets are converged (see Update). A pod sent its capacity
 // or more makes the gain infinite. Then the step bounds (MaxStep), the
 // ratio bounds (MaxRatio: gRPC clients clip at 0.1x-10x of the mean), and
 // integers of at least 1 whose sum per locality stays below 2^32-1.

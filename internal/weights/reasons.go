@@ -32,7 +32,8 @@ const (
 	// moved by up to Value; learned from Count of Of pods (Detail:
 	// SpeedsFromRequests or SpeedsFromCPU).
 	ReasonMoved ReasonCode = "Moved"
-	// ReasonSteady: the gain did not beat the bar; nothing moved.
+	// ReasonSteady: the gain did not beat the bar, or no weight moved by
+	// the dead band (Limit, set then); nothing moved.
 	ReasonSteady ReasonCode = "Steady"
 	// ReasonBacklog: these Pods hold a backlog and are sent less until it clears.
 	ReasonBacklog ReasonCode = "Backlog"
@@ -130,6 +131,10 @@ func (r Reason) String() string {
 		return fmt.Sprintf("Optimizing: weights moved by up to %.1f%% for a predicted gain of %.2g%% of the request time (bar %.2g%%); learned from %d of %d pods using %s",
 			100*r.Value, 100*r.Gain, 100*r.Bar, r.Count, r.Of, source)
 	case ReasonSteady:
+		if r.Limit > 0 {
+			return fmt.Sprintf("Steady: moving weights by up to %.1f%% would gain %.2g%% of the request time (bar %.2g%%), but no weight is %.0f%% (the dead band) off its target: the estimates are settling; learned from %d of %d pods using %s",
+				100*r.Value, 100*r.Gain, 100*r.Bar, 100*r.Limit, r.Count, r.Of, source)
+		}
 		return fmt.Sprintf("Steady: moving weights by up to %.1f%% would gain %.2g%% of the request time, within the %.2g%% the estimates' noise and a write's cost allow; learned from %d of %d pods using %s",
 			100*r.Value, 100*max(r.Gain, 0), 100*r.Bar, r.Count, r.Of, source)
 	case ReasonBacklog:

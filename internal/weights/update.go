@@ -209,7 +209,14 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		}
 	}
 	gain, bar, maxMove, _ := e.params.judge(set, ref, slices.Clone(proposal), dp, held, logVar, loadShift, load)
-	write := gain > bar
+	// Weights within DeadBand of their targets are converged, as the bench
+	// and the quality tests count them: after the opt-in's moves the
+	// estimates settle over their memory and the targets drift by a few
+	// percent as they do, which a write would chase. So a write moves some
+	// pod's traffic by at least DeadBand, unless a pod is sent its capacity
+	// or more (an infinite gain) or a pod's estimate is following a change
+	// the data showed (its target is still moving toward it).
+	write := gain > bar && (maxMove >= e.params.DeadBand || math.IsInf(gain, 1) || e.followingChange(set))
 	if e.unapplied {
 		write = write || !maps.Equal(e.last, ref)
 	}
@@ -227,6 +234,22 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		reasons = append(reasons, Reason{Code: ReasonFloorOverload, Pods: over, Limit: e.params.MaxRatio})
 	}
 	return e.finish(set, mode, weights, changed, reasons)
+}
+
+// followingChange reports whether a pod's estimate restarted on a change
+// the data showed within the filter's memory: its target is still moving
+// toward the change.
+func (e *Engine) followingChange(set []Pod) bool {
+	for _, pod := range set {
+		st := e.pods[pod.Name]
+		if st == nil {
+			continue
+		}
+		if (st.speed.changed && st.speed.n < e.params.memory()) || (st.cores.changed && st.cores.n < e.params.memory()) {
+			return true
+		}
+	}
+	return false
 }
 
 // decidePods models every pod for the solver: its cores and speed, a
@@ -558,7 +581,11 @@ func (e *Engine) cycleReasons(set []Pod, c cycleReadings, learnedFrom int, gain,
 	if c.fromRequests {
 		source = SpeedsFromRequests
 	}
-	out = append(out, Reason{Code: code, Value: maxMove, Gain: gain, Bar: bar, Count: learnedFrom, Of: len(set), Detail: source})
+	r := Reason{Code: code, Value: maxMove, Gain: gain, Bar: bar, Count: learnedFrom, Of: len(set), Detail: source}
+	if !write && gain > bar {
+		r.Limit = e.params.DeadBand // held by the dead band, not by the bar
+	}
+	out = append(out, r)
 	var backlog, hot, blind []string
 	for i, pod := range set {
 		st := e.pods[pod.Name]
