@@ -208,7 +208,7 @@ func (s *status) applyOptimization(opt *optv1.IstioAdaptiveRequestOptimizer) {
 		s.degraded("CoresUnknown", msg)
 	}
 	if r, ok := weights.Has(out.Result.Reasons, weights.ReasonFloorOverload); ok {
-		s.degraded("WeightFloorOverload", r.String()+". The ratio is spec.optimization.max_weight_ratio (at most 100); Envoy sidecars do not clip weights, proxyless gRPC clients clip them at 10")
+		s.degraded("WeightFloorOverload", r.String()+" (spec.optimization.max_weight_ratio, at most 100; Envoy sidecars do not clip weights)")
 	}
 }
 

@@ -62,10 +62,10 @@
 //     own while it has only begun) plus a write's cost (DeadBand² of the
 //     request time), and moves some pod's traffic by at least DeadBand
 //     (closer weights are converged) unless a pod is sent its capacity or
-//     its estimate is following a change; a pod that the MaxRatio floor holds on both sides is
-//     compared at its live traffic; then MaxStep, MaxRatio (gRPC clients clip at
-//     0.1x-10x), integers of at least 1, and sums per locality below
-//     2^32-1.
+//     its estimate is following a change; a pod that the MaxRatio floor
+//     holds on both sides is compared at its live traffic; then MaxStep,
+//     MaxRatio (gRPC clients clip at 0.1x-10x), integers of at least 1,
+//     and sums per locality below 2^32-1.
 //
 // Result.Learned says the estimates are confident (their standard
 // deviation within the dead band) for the pods carrying all the traffic

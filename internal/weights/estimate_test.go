@@ -250,7 +250,7 @@ func TestCeilingReadingJudgedByItsOwnScatter(t *testing.T) {
 // though the readings turn out ten times noisier (few requests per window,
 // long ones). As the noise is measured the estimate's variance is restated
 // in it, so the readings that follow outweigh the first one as in a mean.
-// Without that the first reading weighed as a hundred, the estimate crept
+// Without that the first reading weighed as about eighty, the estimate crept
 // at a percent a cycle, and the weights were held about 15% off on a pod
 // no different from its peers while the bar, measured in the real noise,
 // kept them there (1-core pods at 50 ms a request: 1.54x the best static
