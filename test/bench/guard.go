@@ -186,7 +186,7 @@ var baselineMisses = map[string]knownMiss{
 const whyMix1248 = "the median misses by under 1%: the weights written while the estimates settle keep those estimates' error, and the predicted gain of rewriting stays under the publish bar, which the noisiest cores estimate sets (4-core pods on 16-core nodes whose neighbours' CPU strays by 10%), so they are not rewritten; a rewrite would be a write after settling; the engine before the rewrite: 58.2 ms median"
 
 // whyMaxRatio: oracle_best is not bound by MaxRatio; the engine is.
-const whyMaxRatio = "at 20% load the best static weights send the slowest pods nothing, while the engine keeps every weight at least the mean over MaxRatio (gRPC clients clip weights at a tenth of the mean), so the slowest pods still serve a little (the least busy pod at 0.15x the mean utilisation against 0)"
+const whyMaxRatio = "at 20% load the best static weights send the slowest pods nothing, while the engine keeps every weight at least the mean over MaxRatio (gRPC clients clip weights at a tenth of the mean), so the slowest pods still serve a little (the least busy pod at 0.15x the mean utilisation against 0); the gap is the bound's, not the estimates': with the resource's max_weight_ratio at 100 (bench --max-ratio 100, seeds 1-16) the median is 1.03x"
 
 // GuardCheck is one rule on one scenario.
 type GuardCheck struct {

@@ -50,6 +50,7 @@ func main() {
 		deadBand     = flag.Float64("dead-band", -1, "engine DeadBand for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		smoothing    = flag.Float64("smoothing", -1, "engine Smoothing for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		maxStep      = flag.Float64("max-step", -1, "engine MaxStep for the optimizer strategies (sensitivity runs; default: DefaultParams)")
+		maxRatio     = flag.Float64("max-ratio", -1, "engine MaxRatio for the optimizer strategies (the resource's max_weight_ratio; default: DefaultParams)")
 	)
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: bench --scenario FILE | --all DIR | FILE... [--json] [--strategies a,b]\n")
@@ -57,7 +58,7 @@ func main() {
 	}
 	flag.Parse()
 	recordTrace = *record
-	if *drainTime >= 0 || *deadBand >= 0 || *smoothing >= 0 || *maxStep >= 0 {
+	if *drainTime >= 0 || *deadBand >= 0 || *smoothing >= 0 || *maxStep >= 0 || *maxRatio >= 0 {
 		benchParams = func(p *weights.Params) {
 			if *drainTime >= 0 {
 				p.DrainTime = *drainTime
@@ -70,6 +71,9 @@ func main() {
 			}
 			if *maxStep >= 0 {
 				p.MaxStep = *maxStep
+			}
+			if *maxRatio >= 0 {
+				p.MaxRatio = *maxRatio
 			}
 		}
 	}
