@@ -49,6 +49,11 @@ BENCH_ARGS ?= --all test/bench/scenarios
 # of the guard's baseline (make bench-baseline; TestIssueTargets runs 1-16).
 BENCH_DOCS_SEEDS ?= 1-16
 BENCH_GUARD_SEEDS ?= 1-16
+# make bench-random: how many random scenarios, the seed they are drawn
+# from, and the seeds each is run on (docs/random-scenarios.md).
+RANDOM ?= 60
+RANDOM_SEED ?= 1
+RANDOM_RUN_SEEDS ?= 1-8
 DEMO_ARGS ?=
 
 # Where controller-gen writes. The generated-files test (test/generated)
@@ -121,6 +126,10 @@ bench-probes: ## Run the probes: scenarios that show known limits (each file's o
 .PHONY: bench-docs
 bench-docs: ## Regenerate docs/benchmarks.md and the README's figures from one run of the bench over BENCH_DOCS_SEEDS.
 	go run ./test/bench --all test/bench/scenarios --seeds $(BENCH_DOCS_SEEDS) --markdown docs/benchmarks.md --readme README.md
+
+.PHONY: bench-random
+bench-random: ## Run the guard on RANDOM scenarios drawn from RANDOM_SEED (Services nobody tuned the engine on) and write docs/random-scenarios.md.
+	go run ./test/bench --random $(RANDOM) --random-seed $(RANDOM_SEED) --seeds $(RANDOM_RUN_SEEDS) --random-doc docs/random-scenarios.md
 
 .PHONY: bench-guard
 bench-guard: ## Print the bench's regression guard (what TestIssueTargets asserts) over BENCH_GUARD_SEEDS.

@@ -50,6 +50,9 @@ func main() {
 		deadBand     = flag.Float64("dead-band", -1, "engine DeadBand for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		smoothing    = flag.Float64("smoothing", -1, "engine Smoothing for the optimizer strategies (sensitivity runs; default: DefaultParams)")
 		maxStep      = flag.Float64("max-step", -1, "engine MaxStep for the optimizer strategies (sensitivity runs; default: DefaultParams)")
+		random       = flag.Int("random", 0, "run the guard on this many random scenarios (drawn from --random-seed; none shipped) over --seeds, and print it")
+		randomSeed   = flag.Uint64("random-seed", 1, "with --random: the seed the scenarios are drawn from (another seed, other Services)")
+		randomDoc    = flag.String("random-doc", "", "with --random: also write the result as Markdown to this file (docs/random-scenarios.md)")
 		maxRatio     = flag.Float64("max-ratio", -1, "engine MaxRatio for the optimizer strategies (the resource's max_weight_ratio; default: DefaultParams)")
 	)
 	flag.Usage = func() {
@@ -90,6 +93,18 @@ func main() {
 			fatal(err)
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s written from %d seed(s) in %.1fs\n", *markdown, len(ss), time.Since(start).Seconds())
+		return
+	}
+	if *random > 0 {
+		ss, err := parseSeeds(*seeds)
+		if err != nil {
+			fatal(err)
+		}
+		start := time.Now()
+		if err := runRandom(os.Stdout, *random, *randomSeed, ss, *parallel, *randomDoc); err != nil {
+			fatal(err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: guard on %d random scenarios, %d seed(s) each, in %.1fs\n", *random, len(ss), time.Since(start).Seconds())
 		return
 	}
 	if *guard != "" {
