@@ -186,6 +186,7 @@ func TestBalancerNoteNamesThePolicysReason(t *testing.T) {
 		{policy.ReasonAlarm, "after a pod fell behind"},
 		{policy.ReasonFallback, "fallen back to equal"},
 		{policy.ReasonCPUAtLimit, "on CPU alone a pod reached its limit"},
+		{policy.ReasonAtCapacity, "past the utilisation cap"},
 		{policy.ReasonUnsettled, "until the weights rest on measured capacity"},
 		{policy.ReasonLearning, "until the weights rest on measured capacity"},
 	} {

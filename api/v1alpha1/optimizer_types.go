@@ -403,7 +403,8 @@ type IstioAdaptiveRequestOptimizerStatus struct {
 
 	// loadBalancerReason is why the weight loop's policy chose
 	// loadBalancer, one of UserChoice, Learning, Learned, Restored, Alarm,
-	// Unsettled, Fallback and CPUAtLimit (README, "Load balancer"); empty
+	// Unsettled, Fallback, CPUAtLimit and AtCapacity (README, "Load
+	// balancer"); empty
 	// when the weights are not optimized (no metrics backend, or dry run).
 	// A restarted manager reads it to keep a LEAST_REQUEST its predecessor
 	// chose after learning.

@@ -137,7 +137,7 @@ func FuzzPolicy(f *testing.F) {
 			}
 		}
 		lbs := []weights.Balancer{"", weights.BalancerRoundRobin, weights.BalancerLeastRequest, "RANDOM"}
-		whys := []Reason{"", ReasonLearning, ReasonLearned, ReasonAlarm, ReasonUnsettled, ReasonFallback, ReasonCPUAtLimit, "Gibberish"}
+		whys := []Reason{"", ReasonLearning, ReasonLearned, ReasonAlarm, ReasonUnsettled, ReasonFallback, ReasonCPUAtLimit, ReasonAtCapacity, "Gibberish"}
 		snap := weights.Snapshot{Noise: in.float(), NoiseCycles: int(in.byte()), CycleSeconds: in.float(), CoresNoise: in.float()}
 		p.OptIn(now, pods, live, lbs[in.byte()%4], whys[in.byte()%8], snap)
 		for step := range int(in.byte()%12) + 1 {

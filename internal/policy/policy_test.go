@@ -775,3 +775,104 @@ func TestClockSteppedBackDelaysNoCycle(t *testing.T) {
 		}
 	}
 }
+
+// busy is steady at 95% of the fleet's capacity: 1.9 of 2 cores per pod,
+// the same 10 ms of CPU per request.
+func busy() weights.Observation {
+	obs := steady(nil)
+	for name, sig := range obs.Signals {
+		sig.CPU, sig.RecentCPU, sig.Requests = 1.9, 1.9, 190
+		obs.Signals[name] = sig
+	}
+	return obs
+}
+
+// Past the utilisation cap, the LEAST_REQUEST of the opt-in is kept once
+// the weights are learned (ReasonAtCapacity), with no switch; when the
+// load falls below the cap, the user's ROUND_ROBIN comes, once.
+func TestPastTheCapKeepsLeastRequest(t *testing.T) {
+	p := New(config())
+	p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
+	_, _, ds := runUntil(t, p, t0.Add(15*time.Minute), func(time.Time) weights.Observation { return busy() })
+	learnedAt := -1
+	for i, d := range ds {
+		if _, past := weights.Has(d.Result.Reasons, weights.ReasonPastCap); !past && d.Result.Learned {
+			t.Fatalf("cycle %d at 95%% load: no PastCap reason (%s)", i, d.Result.Message)
+		}
+		if d.Balancer != weights.BalancerLeastRequest {
+			t.Fatalf("cycle %d at 95%% load: %s (%s), want LEAST_REQUEST kept", i, d.Balancer, d.Why)
+		}
+		if d.Why == ReasonAtCapacity && learnedAt < 0 {
+			learnedAt = i
+		}
+	}
+	if learnedAt < 0 {
+		t.Fatal("never AtCapacity: the weights were never learned at 95% load")
+	}
+	if p.Switches() != 0 {
+		t.Errorf("%d switches past the cap, want 0", p.Switches())
+	}
+	end := t0.Add(15 * time.Minute)
+	_, _, ds = runUntil(t, p, end.Add(15*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	last := ds[len(ds)-1]
+	if last.Balancer != weights.BalancerRoundRobin || last.Why != ReasonLearned || p.Switches() != 1 {
+		t.Errorf("at half load again: %s (%s) after %d switches, want ROUND_ROBIN (Learned) after 1", last.Balancer, last.Why, p.Switches())
+	}
+	if _, past := weights.Has(last.Result.Reasons, weights.ReasonPastCap); past {
+		t.Errorf("PastCap at half load: %s", last.Result.Message)
+	}
+}
+
+// ROUND_ROBIN that is live stays when the load passes the cap: the rule
+// keeps LEAST_REQUEST, it never switches to it.
+func TestPastTheCapSwitchesNothingToLeastRequest(t *testing.T) {
+	p, now := learned(t, config())
+	before := p.Switches()
+	_, _, ds := runUntil(t, p, now.Add(10*time.Minute), func(time.Time) weights.Observation { return busy() })
+	past := false
+	for i, d := range ds {
+		_, ok := weights.Has(d.Result.Reasons, weights.ReasonPastCap)
+		past = past || ok
+		if d.Balancer != weights.BalancerRoundRobin {
+			t.Errorf("cycle %d after the load passed the cap: %s (%s), want ROUND_ROBIN kept", i, d.Balancer, d.Why)
+		}
+	}
+	if !past {
+		t.Fatal("the engine never said the load is past the cap at 95%")
+	}
+	if p.Switches() != before {
+		t.Errorf("%d switches, want none", p.Switches()-before)
+	}
+}
+
+// A restarted manager keeps a LEAST_REQUEST recorded as AtCapacity: the
+// manager before had learned, and the load is still past the cap.
+func TestRestartKeepsAtCapacity(t *testing.T) {
+	old := New(config())
+	old.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
+	now := t0.Add(15 * time.Minute)
+	runUntil(t, old, now, func(time.Time) weights.Observation { return busy() })
+	if lb, why := old.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonAtCapacity {
+		t.Fatalf("before the restart: %s (%s), want LEAST_REQUEST (AtCapacity)", lb, why)
+	}
+	p := New(config())
+	p.OptIn(now, fleet(), old.Weights(now, fleet()), weights.BalancerLeastRequest, ReasonAtCapacity, old.Snapshot())
+	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonAtCapacity {
+		t.Fatalf("after a restart: %s (%s), want LEAST_REQUEST (AtCapacity)", lb, why)
+	}
+	_, _, ds := runUntil(t, p, now.Add(5*time.Minute), func(time.Time) weights.Observation { return busy() })
+	for i, d := range ds {
+		if d.Balancer != weights.BalancerLeastRequest {
+			t.Errorf("cycle %d after the restart: %s (%s)", i, d.Balancer, d.Why)
+		}
+	}
+	if p.Switches() != 0 {
+		t.Errorf("%d switches after the restart, want 0", p.Switches())
+	}
+	// The load falls below the cap: ROUND_ROBIN at once, the weights
+	// having been learned.
+	_, _, ds = runUntil(t, p, now.Add(15*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	if d := ds[len(ds)-1]; d.Balancer != weights.BalancerRoundRobin || p.Switches() != 1 {
+		t.Errorf("below the cap after the restart: %s (%s), %d switches; want ROUND_ROBIN after 1", d.Balancer, d.Why, p.Switches())
+	}
+}

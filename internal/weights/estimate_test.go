@@ -279,3 +279,21 @@ func TestFirstSpeedReadingsAreRestatedInTheMeasuredNoise(t *testing.T) {
 		t.Errorf("after eight readings about its peers' speed, the pod is estimated %+.1f%% off (log)", 100*off)
 	}
 }
+
+// The load is past the cap when it is at least maxUtilisation of the
+// models' capacity, and only where the load is known.
+func TestPastCap(t *testing.T) {
+	models := []podModel{{c: 2, v: 1}, {c: 2, v: 0.5}} // capacity 3
+	for _, c := range []struct {
+		load, want float64
+	}{
+		{0, 0}, {math.NaN(), 0}, {0.9 * 3, 0}, {maxUtilisation * 3, maxUtilisation}, {0.95 * 3, 0.95}, {4, 4.0 / 3},
+	} {
+		if got := pastCap(models, c.load); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("load %v of capacity 3: %v, want %v", c.load, got, c.want)
+		}
+	}
+	if got := pastCap(nil, 1); got != 0 {
+		t.Errorf("no pods: %v", got)
+	}
+}

@@ -47,6 +47,11 @@ const (
 	// shows their overload; they are weighted by guessed cores and not
 	// learned from (Result.Unlearned).
 	ReasonCPUOnly ReasonCode = "CPUOnly"
+	// ReasonPastCap: the load (Value, a share of the estimated capacity)
+	// is past the utilisation cap (Limit): the weights are capacity shares
+	// and every pod runs above the cap, where chance queues grow (see
+	// maxUtilisation).
+	ReasonPastCap ReasonCode = "PastCap"
 )
 
 // Where an optimizing cycle's speeds came from: the Detail of its
@@ -143,6 +148,8 @@ func (r Reason) String() string {
 		return fmt.Sprintf("%d pod(s) at their CPU limit (%s)", len(r.Pods), pods())
 	case ReasonFloorOverload:
 		return fmt.Sprintf("%d pod(s) (%s) are sent more than they can serve by the weight floor alone (the mean weight over a max weight ratio of %g): their queue grows; raise the ratio if no client is a gRPC one that clips it, or give them more CPU", len(r.Pods), pods(), r.Limit)
+	case ReasonPastCap:
+		return fmt.Sprintf("the load is %.0f%% of the pods' estimated capacity, past the %.0f%% any pod is loaded to: every pod is sent its capacity share and runs above that", 100*r.Value, 100*r.Limit)
 	case ReasonCPUOnly:
 		return fmt.Sprintf("%d pod(s) without a CPU limit or node CPU data (%s) are weighted by their guessed cores, not learned from CPU alone, and LEAST_REQUEST is kept", len(r.Pods), pods())
 	}

@@ -230,6 +230,9 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		mode = ModeSteady
 	}
 	reasons = append(reasons, e.cycleReasons(set, c, learnedFrom, gain, bar, maxMove, write)...)
+	if share := pastCap(models, load); share > 0 {
+		reasons = append(reasons, Reason{Code: ReasonPastCap, Value: share, Limit: maxUtilisation})
+	}
 	if over := e.params.floorOverload(set, proposal, models, dp, load); len(over) > 0 {
 		reasons = append(reasons, Reason{Code: ReasonFloorOverload, Pods: over, Limit: e.params.MaxRatio})
 	}
@@ -612,4 +615,19 @@ func (e *Engine) cycleReasons(set []Pod, c cycleReadings, learnedFrom int, gain,
 		out = append(out, Reason{Code: ReasonCPUOnly, Pods: blind})
 	}
 	return out
+}
+
+// pastCap returns the load as a share of the pods' estimated capacity when
+// it is past maxUtilisation, 0 otherwise (or where the load is unknown):
+// then no weights keep every pod below the cap, and the solver's capacity
+// shares run each one above it.
+func pastCap(models []podModel, load float64) float64 {
+	capacity := 0.0
+	for _, m := range models {
+		capacity += m.c * m.v
+	}
+	if !(load > 0) || !(capacity > 0) || load < maxUtilisation*capacity {
+		return 0
+	}
+	return load / capacity
 }

@@ -60,7 +60,7 @@ var strategyDefs = []strategyDef{
 	{"cswrr", lbWRR, ctlCSWRR, "Envoy client_side_weighted_round_robin, defaults, per-response backend reports"},
 	{"seed_dev", lbWRR, ctlSeedDev, "seed operator, dev rule, ROUND_ROBIN"},
 	{"seed_main", lbWRR, ctlSeedMain, "seed operator, main rule, ROUND_ROBIN"},
-	{"optimizer", lbWRR, ctlOptimizer, "this project's weight package, CPU + request rates + sidecar latency; the operator's default: LEAST_REQUEST until Result.Learned, then weighted ROUND_ROBIN"},
+	{"optimizer", lbWRR, ctlOptimizer, "this project's weight package, CPU + request rates + sidecar latency; the operator's default: LEAST_REQUEST until Result.Learned, then weighted ROUND_ROBIN (LEAST_REQUEST kept while the load is past the utilisation cap)"},
 	{"optimizer_lr", lbWLR, ctlOptimizerLR, "this project's weight package, CPU + request rates + sidecar latency, weighted LEAST_REQUEST throughout (load_balancer: LEAST_REQUEST)"},
 	{"optimizer_cpu", lbWRR, ctlOptimizerCPU, "this project's weight package, CPU only; LEAST_REQUEST until Result.Learned, then weighted ROUND_ROBIN"},
 }
