@@ -221,15 +221,19 @@ Services; the figures below are for seed %d over seeds %s.
 A miss here is what the engine does on a Service nobody tuned it for, not
 a failed test. The kinds seen so far:
 
-- a pod smaller than the least weight ` + "`max_weight_ratio`" + ` allows: no
-  weight the ratio allows serves it, and it is reported as
-  ` + "`Degraded/WeightFloorOverload`" + `;
+- at low load, slow pods held at the least weight ` + "`max_weight_ratio`" + `
+  allows (the mean over the ratio, for gRPC clients clip weights there)
+  where the best static weights send them nothing (` + "`go run ./test/bench --random 60 --seeds 1-8 --max-ratio 100`" + `
+  shows how much of a miss is that floor's);
+- a pod smaller than that least weight: no weight the ratio allows serves
+  it, and it is reported as ` + "`Degraded/WeightFloorOverload`" + `;
 - a Service where Envoy's least request beats any static weights, the
   capacity oracle's and the best ones included: few client sidecars, or
-  near full load with heavy-tailed requests, where each chance queue
-  under ` + "`ROUND_ROBIN`" + ` also starts a spell of ` + "`LEAST_REQUEST`" + ` (two
-  switches); ` + "`load_balancer: LEAST_REQUEST`" + ` keeps the weights and is the
-  better choice there (README, "load_balancer");
+  heavy-tailed requests near full load, where chance queues under
+  ` + "`ROUND_ROBIN`" + ` also start spells of ` + "`LEAST_REQUEST`" + ` (two switches each);
+  past the utilisation cap the policy keeps ` + "`LEAST_REQUEST`" + ` itself
+  (` + "`AtCapacity`" + `), and below it ` + "`load_balancer: LEAST_REQUEST`" + ` keeps the
+  weights and is the better choice there (README, "Load balancer");
 - weights written from the first estimates that the publish bar then holds
   for minutes, because the bar is set by the noise of the one pod whose
   estimate costs most ([troubleshooting.md](troubleshooting.md), "Weights
