@@ -507,11 +507,7 @@ func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed
 	e.mode, e.last, e.lastLearned, e.lastDoubtful = mode, weights, learned, doubtful
 	caps := make(map[string]float64, len(set))
 	models := e.models(set)
-	mean := 0.0
-	for _, m := range models {
-		mean += m.c * m.v
-	}
-	mean /= float64(max(len(models), 1))
+	mean := totalCapacity(models) / float64(max(len(models), 1))
 	for i, pod := range set {
 		caps[pod.Name] = models[i].c * models[i].v / mean
 	}
@@ -622,12 +618,18 @@ func (e *Engine) cycleReasons(set []Pod, c cycleReadings, learnedFrom int, gain,
 // then no weights keep every pod below the cap, and the solver's capacity
 // shares run each one above it.
 func pastCap(models []podModel, load float64) float64 {
-	capacity := 0.0
-	for _, m := range models {
-		capacity += m.c * m.v
-	}
+	capacity := totalCapacity(models)
 	if !(load > 0) || !(capacity > 0) || load < maxUtilisation*capacity {
 		return 0
 	}
 	return load / capacity
+}
+
+// totalCapacity is the sum of the models' capacities (cores times speed).
+func totalCapacity(models []podModel) float64 {
+	sum := 0.0
+	for _, m := range models {
+		sum += m.c * m.v
+	}
+	return sum
 }

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 )
 
@@ -134,12 +133,8 @@ func runRandom(w io.Writer, n int, seed uint64, seeds []uint64, parallel int, do
 
 // randomSummary counts, per rule, the draws on which it holds.
 func randomSummary(checks []GuardCheck) string {
-	var rules []string
 	held, all := map[string]int{}, map[string]int{}
 	for _, g := range checks {
-		if !slices.Contains(rules, g.Rule) {
-			rules = append(rules, g.Rule)
-		}
 		all[g.Rule]++
 		if g.Holds() {
 			held[g.Rule]++
