@@ -435,7 +435,7 @@ func (p *Policy) Look(now time.Time, obs weights.Observation) (Alarm, bool) {
 		return Alarm{}, false
 	}
 	obs.Time = now
-	obs.Balancer = p.liveOver(now)
+	obs.Balancer, obs.RoundRobinSince = p.liveOver(now), p.roundRobinSince()
 	pod, why, ring := p.eng.Alarm(p.pods, obs)
 	if ring {
 		p.early = true
@@ -450,7 +450,7 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 	d := Decision{Early: p.early}
 	obs.Time = now
 	obs.Early = p.early
-	obs.Balancer = p.liveOver(now)
+	obs.Balancer, obs.RoundRobinSince = p.liveOver(now), p.roundRobinSince()
 	alarmed := d.Early
 	if !d.Early && p.balancer == weights.BalancerRoundRobin {
 		if pod, why, ring := p.eng.Alarm(pods, obs); ring {
@@ -640,6 +640,16 @@ func (p *Policy) liveOver(now time.Time) weights.Balancer {
 // plus one scrape interval.
 func (p *Policy) horizon() time.Duration {
 	return p.cfg.Engine.QueryWindow + p.cfg.Engine.ScrapeInterval
+}
+
+// roundRobinSince is when ROUND_ROBIN took over from LEAST_REQUEST, while
+// it is live (weights.Observation.RoundRobinSince); zero otherwise, or
+// when it was live from the start (a restart restored it).
+func (p *Policy) roundRobinSince() time.Time {
+	if p.balancer != weights.BalancerRoundRobin {
+		return time.Time{}
+	}
+	return p.leastRequestUntil
 }
 
 // Balancer is what the DestinationRule should say now, and why.

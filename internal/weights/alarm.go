@@ -66,9 +66,10 @@ func (e *Engine) Alarm(pods []Pod, obs Observation) (pod, reason string, ring bo
 		}
 	}
 	served, sent := e.recentServed(set, obs, window)
+	rr := e.roundRobinNow(obs)
 	for i, p := range set {
 		st := e.pods[p.Name]
-		if r := obs.Signals[p.Name].RecentLatency; st.rings(r, served[i], sent[i]) {
+		if r := obs.Signals[p.Name].RecentLatency; st.rings(r, served[i], sent[i], st.latencyAlone(rr)) {
 			why := fmt.Sprintf("its latency over the last scrapes, %v, is %.1fx the %v of the last cycle",
 				roundLatency(r), r/st.latency, roundLatency(st.latency))
 			if sent[i] > 0 {
@@ -90,12 +91,34 @@ func (e *Engine) Alarming() bool {
 
 // rings reports whether a recent latency r rings the alarm for the pod:
 // one with a usual latency, not already behind, r past the alarm, and
-// the pod lagging by what it served (served, sent: see recentServed).
-func (st *podState) rings(r, served, sent float64) bool {
+// the pod lagging by what it served (served, sent: see recentServed;
+// alone: see lagging).
+func (st *podState) rings(r, served, sent float64, alone bool) bool {
 	if st == nil || st.hot || st.backlog > 0 || !(st.latency > 0) {
 		return false
 	}
-	return usable(r) && st.alarmed(r/st.latency) && st.lagging(served, sent)
+	return usable(r) && st.alarmed(r/st.latency) && st.lagging(served, sent, alone)
+}
+
+// latencyAlone reports whether the pod's latency may ring the alarm on
+// its own, where what it served is unknown: unless its usual latency was
+// read while the clients ran LEAST_REQUEST and ROUND_ROBIN is live now
+// (rr, see roundRobinNow), so the recent latencies show it. LEAST_REQUEST steers each request to a short queue, so the
+// latencies it shows are the floor of what any weights give at the same
+// load; under ROUND_ROBIN a pod run near the cap queues as chance has it.
+// Against a reference read under LEAST_REQUEST, a busy pod's first
+// readings under ROUND_ROBIN stand out by the balancer's change alone:
+// at 90% load on three hardware generations, a fast two-core pod read
+// 4.4x its reference 31 s after the switch (the solver runs it near
+// 93%, where an M/M/2 queue's mean response is 7.4 request times), and
+// the spell it started switched the mesh twice more. What it served
+// tells a pod that fell behind from a chance queue once the recent span
+// lies under ROUND_ROBIN on steady weights (see recentServed), and a
+// cycle under ROUND_ROBIN for a whole query window gives the reference
+// of its own. The other way round (a reference read under ROUND_ROBIN,
+// LEAST_REQUEST now) the ratio can only read low.
+func (st *podState) latencyAlone(rr bool) bool {
+	return st == nil || !(st.latencyUnder == BalancerLeastRequest && rr)
 }
 
 // lagging reports whether a pod whose recent latency is past the alarm
@@ -112,10 +135,10 @@ func (st *podState) rings(r, served, sent float64) bool {
 // chance queues that rang the latency alarm at 85-95% load had served
 // 85-105% of it, at most 3.5 Poisson deviations short (66 alarms). Unknown
 // (sent 0: no request rates, another balancer, weights written within the
-// span): the latency decides alone.
-func (st *podState) lagging(served, sent float64) bool {
+// span): the latency decides alone where it can (alone, see latencyAlone).
+func (st *podState) lagging(served, sent float64, alone bool) bool {
 	if !(sent > 0) {
-		return true
+		return alone
 	}
 	// Written so that a NaN (a spread of absurd readings) counts as
 	// lagging: the latency then decides alone, as where the share is
@@ -143,7 +166,7 @@ func deviations(x, poissonVar float64, history []float64) float64 {
 func (e *Engine) recentServed(set []Pod, obs Observation, window []float64) (served, sent []float64) {
 	span := 2 * e.params.ScrapeInterval
 	var live map[string]uint32
-	if e.followsWeights(obs.Balancer) && span > 0 && e.steadyLoad(recentLoadMove(set, obs.Signals, window, span, e.params.QueryWindow)) {
+	if e.followsWeights(e.recentBalancer(obs, span+e.params.ScrapeInterval)) && span > 0 && e.steadyLoad(recentLoadMove(set, obs.Signals, window, span, e.params.QueryWindow)) {
 		live = e.history.steady(obs.Time, span+e.params.ScrapeInterval)
 	}
 	return recentServed(set, obs.Signals, live, span)
@@ -186,17 +209,44 @@ func recentLoadMove(set []Pod, sig map[string]Signal, window []float64, span, qu
 	return math.Log(recent / was), recent * span.Seconds(), was * queryWindow.Seconds()
 }
 
-// followsWeights reports whether traffic follows the engine's live
-// weights under the balancer the caller says ran (see
-// Observation.Balancer): ROUND_ROBIN over weights that are live.
-func (e *Engine) followsWeights(balancer Balancer) bool {
+// recentBalancer is the balancer the clients ran over the span of
+// samples that reach back by horizon from obs.Time: ROUND_ROBIN if it
+// was live over all of it (see Observation.RoundRobinSince), else the
+// window's (Observation.Balancer, see balancerOr).
+func (e *Engine) recentBalancer(obs Observation, horizon time.Duration) Balancer {
+	if since := obs.RoundRobinSince; !since.IsZero() {
+		if obs.Time.Sub(since) >= horizon {
+			return BalancerRoundRobin
+		}
+		return BalancerLeastRequest
+	}
+	return e.balancerOr(obs.Balancer)
+}
+
+// roundRobinNow reports whether ROUND_ROBIN is live now: it took over
+// (Observation.RoundRobinSince), or ran over the whole window.
+func (e *Engine) roundRobinNow(obs Observation) bool {
+	return !obs.RoundRobinSince.IsZero() || e.balancerOr(obs.Balancer) == BalancerRoundRobin
+}
+
+// balancerOr is balancer, or where the caller did not say, the
+// operator's default: LEAST_REQUEST until a result is Learned,
+// ROUND_ROBIN after.
+func (e *Engine) balancerOr(balancer Balancer) Balancer {
 	if balancer == "" {
 		balancer = BalancerLeastRequest
 		if e.lastLearned {
 			balancer = BalancerRoundRobin
 		}
 	}
-	return balancer == BalancerRoundRobin && e.liveKnown && !e.unapplied
+	return balancer
+}
+
+// followsWeights reports whether traffic follows the engine's live
+// weights under the balancer the caller says ran (see
+// Observation.Balancer): ROUND_ROBIN over weights that are live.
+func (e *Engine) followsWeights(balancer Balancer) bool {
+	return e.balancerOr(balancer) == BalancerRoundRobin && e.liveKnown && !e.unapplied
 }
 
 // alarmed reports whether a latency at ratio times the reference is past
@@ -230,13 +280,15 @@ func (st *podState) alarmed(ratio float64) bool {
 // of its own (a far zone, a slow disk) is cut while it is overloaded and
 // no longer. The usual recent-to-window ratio learns from the cycles it
 // kept up, so an overload does not teach the alarm to ignore the next one.
-func (st *podState) noteLatency(r reading, usual float64, now time.Time, window time.Duration) {
+// under is the balancer over the query window the reading comes from,
+// which a reference read from it keeps (see latencyAlone).
+func (st *podState) noteLatency(r reading, usual float64, now time.Time, window time.Duration, under Balancer) {
 	switch {
 	case !r.hasLatency:
 		st.latency, st.provisional = 0, time.Time{}
 		return
 	case keptUpWith(r, st):
-		st.latency, st.provisional = r.latency, time.Time{}
+		st.latency, st.provisional, st.latencyUnder = r.latency, time.Time{}, under
 		if r.recentLatency > 0 {
 			st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
 		}
@@ -245,7 +297,7 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 		}
 		return
 	case !(st.latency > 0):
-		st.latency = r.latency
+		st.latency, st.latencyUnder = r.latency, under
 		if !r.saturated {
 			return
 		}
@@ -253,7 +305,7 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 	case st.provisional.IsZero():
 		return // behind: its usual stays
 	case !r.saturated || now.After(st.provisional):
-		st.latency, st.provisional = r.latency, time.Time{}
+		st.latency, st.provisional, st.latencyUnder = r.latency, time.Time{}, under
 		return
 	}
 	// Provisional: a higher reading moves the deadline on (a day bounds
@@ -263,8 +315,8 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 		st.provisional = now.Add(time.Duration(min(r.latency, 86400)*float64(time.Second)) + window)
 		st.peak = r.latency
 	}
-	if usual > 0 {
-		st.latency = min(st.latency, usual)
+	if usual > 0 && usual < st.latency {
+		st.latency, st.latencyUnder = usual, under
 	}
 }
 
@@ -273,7 +325,7 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 // the alarm.
 func keptUpWith(r reading, st *podState) bool {
 	return r.hasLatency && r.latency > 0 && !r.saturated && r.backlog == 0 &&
-		!(r.recentLatency > 0 && st.alarmed(r.recentLatency/r.latency) && st.lagging(r.served, r.sent))
+		!(r.recentLatency > 0 && st.alarmed(r.recentLatency/r.latency) && st.lagging(r.served, r.sent, r.alone))
 }
 
 func roundLatency(s float64) time.Duration {

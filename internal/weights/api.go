@@ -144,6 +144,13 @@ type Observation struct {
 	// LEAST_REQUEST traffic does not follow the weights, so sent minus
 	// served measures no backlog; the latency still does.
 	Balancer Balancer
+	// RoundRobinSince is when ROUND_ROBIN last took over from
+	// LEAST_REQUEST, while it is live; zero = not live, or live since
+	// before any sample the engine reads (as Balancer says). Right after
+	// a switch the recent rates and latencies (Signal.RecentLatency,
+	// RecentRequests) show ROUND_ROBIN while Balancer, the window's, is
+	// still LEAST_REQUEST.
+	RoundRobinSince time.Time
 }
 
 // Balancer is a client-side load-balancing policy the DestinationRule can set.

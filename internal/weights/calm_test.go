@@ -41,6 +41,11 @@ type service struct {
 	recentRequests bool
 	pod0Served     float64
 	recentLoad     float64
+	// balancer is the one the clients ran over the window ("" =
+	// ROUND_ROBIN); rrSince when ROUND_ROBIN took over from it (see
+	// Observation.RoundRobinSince).
+	balancer Balancer
+	rrSince  time.Time
 }
 
 func newService(t *testing.T, limited bool, load float64, seed uint64) *service {
@@ -100,7 +105,10 @@ func (s *service) jitter(signal string, v float64) float64 {
 // queue the window has not shown yet) when above 1.
 func (s *service) observe(recentFactor float64) Observation {
 	shares := s.windowShares()
-	obs := Observation{Time: s.now, Signals: map[string]Signal{}, Balancer: BalancerRoundRobin}
+	obs := Observation{Time: s.now, Signals: map[string]Signal{}, Balancer: BalancerRoundRobin, RoundRobinSince: s.rrSince}
+	if s.balancer != "" {
+		obs.Balancer = s.balancer
+	}
 	for i, pod := range s.pods {
 		r := s.rate * shares[pod.Name]
 		cpu := min(r/s.speed[i], s.cores[i])
@@ -564,6 +572,63 @@ func TestAChanceQueueRingsNoAlarm(t *testing.T) {
 			res := s.apply(s.e.Update(s.pods, look))
 			if _, backlog := Has(res.Reasons, ReasonBacklog); backlog != tc.ring || res.Learned == tc.ring {
 				t.Errorf("the cycle on the same scrapes: backlog %v, Learned %v, want backlog %v (%s)", backlog, res.Learned, tc.ring, res.Message)
+			}
+		})
+	}
+}
+
+// LEAST_REQUEST shares queues out, so a usual latency read under it is
+// lower than a busy pod's under ROUND_ROBIN at the same load: right after
+// ROUND_ROBIN takes over, such a pod's latency stands out by the switch
+// alone. Against that reference the latency does not ring on its own (the
+// served requests unknown); what the pod served does, once the recent
+// span lies under ROUND_ROBIN; a reference read under ROUND_ROBIN rings
+// on the latency alone, as before.
+func TestALatencyReadUnderLeastRequestRingsNoAlarmAlone(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		under          Balancer      // the balancer the usual latencies were read under
+		rrFor          time.Duration // ROUND_ROBIN live for this long at the look
+		recentRequests bool
+		served         float64 // pod-0's served share over the last scrapes, 0 = all
+		ring           bool
+	}{
+		{"read under LEAST_REQUEST, served unknown", BalancerLeastRequest, 30 * time.Second, false, 0, false},
+		{"read under LEAST_REQUEST, span not yet under ROUND_ROBIN", BalancerLeastRequest, 30 * time.Second, true, 0.7, false},
+		{"read under LEAST_REQUEST, serves what it is sent", BalancerLeastRequest, time.Minute, true, 0, false},
+		{"read under LEAST_REQUEST, serves 70% of it", BalancerLeastRequest, time.Minute, true, 0.7, true},
+		{"read under ROUND_ROBIN, served unknown", BalancerRoundRobin, 30 * time.Second, false, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newService(t, true, 0.9, 0)
+			s.balancer = tc.under
+			s.converge(60)
+			if !s.e.Alarming() {
+				t.Fatal("a converged engine does not look between cycles")
+			}
+			s.recentRequests, s.pod0Served = tc.recentRequests, tc.served
+			s.now = s.now.Add(15 * time.Second)
+			if tc.under == BalancerLeastRequest {
+				s.rrSince = s.now.Add(-tc.rrFor)
+			}
+			look := s.observe(6) // pod-0's latency over the last scrapes at 6x its usual
+			s.shares = s.shares[:len(s.shares)-1]
+			pod, why, ring := s.e.Alarm(s.pods, Observation{Time: s.now, Signals: look.Signals, Balancer: look.Balancer, RoundRobinSince: s.rrSince})
+			if ring != tc.ring {
+				t.Fatalf("the look rang %v (%q: %s), want %v", ring, pod, why, tc.ring)
+			}
+			if !tc.ring {
+				// The cycle, a scrape later, on the same scrapes reads no
+				// backlog either (were the span then under ROUND_ROBIN,
+				// what pod-0 served would decide, as above).
+				s.recentRequests = false
+				look = s.observe(6)
+				s.now = s.now.Add(15 * time.Second)
+				look.Time = s.now
+				res := s.apply(s.e.Update(s.pods, look))
+				if _, backlog := Has(res.Reasons, ReasonBacklog); backlog || !res.Learned {
+					t.Errorf("the cycle on the same scrapes: backlog %v, Learned %v, want neither backlog nor doubt (%s)", backlog, res.Learned, res.Message)
+				}
 			}
 		})
 	}

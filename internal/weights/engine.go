@@ -113,6 +113,9 @@ type podState struct {
 	// pod's last log(recent/window) while it kept up (see Alarm).
 	latency       float64
 	latencyRatios []float64
+	// latencyUnder is the balancer over the query window in which latency
+	// was read (see latencyAlone).
+	latencyUnder Balancer
 	// servedRatios: the pod's last log(served share) over the last two
 	// scrape intervals, at the cycles in which it kept up (see lagging).
 	servedRatios []float64

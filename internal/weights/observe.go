@@ -67,6 +67,9 @@ type reading struct {
 	// the last two scrape intervals, and sent that count (see
 	// recentServed); sent 0 = unknown.
 	served, sent float64
+	// alone: the latency may ring on its own where the served share is
+	// unknown (see latencyAlone).
+	alone bool
 }
 
 // cycleReadings is one cycle's readings in set order, with what holds for

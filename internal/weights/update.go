@@ -83,11 +83,14 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		}
 	}
 	mem := make([]backlogMemory, len(set))
+	rr := e.roundRobinNow(obs)
 	for i, pod := range set {
-		c.pods[i].served, c.pods[i].sent = served[i], sent[i]
-		if st := e.pods[pod.Name]; st != nil {
+		st := e.pods[pod.Name]
+		alone := st.latencyAlone(rr)
+		c.pods[i].served, c.pods[i].sent, c.pods[i].alone = served[i], sent[i], alone
+		if st != nil {
 			mem[i] = backlogMemory{before: st.backlogAt(now.Add(-e.params.QueryWindow), e.params.QueryWindow), latency: st.latency,
-				alarmed: func(ratio float64) bool { return st.alarmed(ratio) && st.lagging(served[i], sent[i]) }}
+				alarmed: func(ratio float64) bool { return st.alarmed(ratio) && st.lagging(served[i], sent[i], alone) }}
 		}
 	}
 	readBacklogs(e.params, set, &c, mem, followsWeights)
@@ -160,7 +163,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			// sample of the pod's usual one.
 			r.sent = 0
 		}
-		st.noteLatency(r, usual, now, e.params.QueryWindow)
+		st.noteLatency(r, usual, now, e.params.QueryWindow, e.balancerOr(obs.Balancer))
 	}
 
 	// Decide. Where no pod's cores are known nothing relates the load to
