@@ -74,7 +74,7 @@ func (s *status) balancer(requested optv1.LoadBalancer, written networking.LoadB
 	case useEngine && why == policy.ReasonCPUAtLimit:
 		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default, with the weights): on CPU alone a pod reached its limit, which cannot be told from a pod falling behind; kept until request rates measure the pods, then %s", s.loadBalancer, requested)
 	case useEngine && why == policy.ReasonAtCapacity:
-		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default, with the weights) while the load is past the utilisation cap: every pod runs above it on any weights, and least request steers around their chance queues; then %s", s.loadBalancer, requested)
+		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default, with the weights) while the load is past the utilisation cap: every pod runs above it on any weights, and least request steers around their chance queues; kept until the load has been below the cap for a query window, then %s", s.loadBalancer, requested)
 	case useEngine && why == policy.ReasonFallback:
 		s.balancerNote = fmt.Sprintf("load balancer %s (Istio's default) while the weights have fallen back to equal, then %s", s.loadBalancer, requested)
 	case useEngine:

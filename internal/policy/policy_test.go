@@ -823,26 +823,65 @@ func TestPastTheCapKeepsLeastRequest(t *testing.T) {
 	}
 }
 
-// ROUND_ROBIN that is live stays when the load passes the cap: the rule
-// keeps LEAST_REQUEST, it never switches to it.
-func TestPastTheCapSwitchesNothingToLeastRequest(t *testing.T) {
+// ROUND_ROBIN that is live gives way to LEAST_REQUEST once the results
+// have said the load is past the cap for a whole query window, and comes
+// back once they have said it is below for one: two switches, each after a
+// window.
+func TestPastTheCapTurnsLeastRequestOnAfterAWindow(t *testing.T) {
 	p, now := learned(t, config())
 	before := p.Switches()
-	_, _, ds := runUntil(t, p, now.Add(10*time.Minute), func(time.Time) weights.Observation { return busy() })
-	past := false
+	window := config().Engine.QueryWindow
+	acts, at, ds := runUntil(t, p, now.Add(10*time.Minute), func(time.Time) weights.Observation { return busy() })
+	at = cycleTimes(acts, at)
+	var pastSince time.Time
 	for i, d := range ds {
-		_, ok := weights.Has(d.Result.Reasons, weights.ReasonPastCap)
-		past = past || ok
-		if d.Balancer != weights.BalancerRoundRobin {
-			t.Errorf("cycle %d after the load passed the cap: %s (%s), want ROUND_ROBIN kept", i, d.Balancer, d.Why)
+		_, past := weights.Has(d.Result.Reasons, weights.ReasonPastCap)
+		if past && pastSince.IsZero() {
+			pastSince = at[i]
+		}
+		want := weights.BalancerRoundRobin
+		if past && at[i].Sub(pastSince) >= window {
+			want = weights.BalancerLeastRequest
+		}
+		if d.Balancer != want || (want == weights.BalancerLeastRequest && d.Why != ReasonAtCapacity) {
+			t.Errorf("cycle %d, %v after the first result past the cap (past now: %v): %s (%s), want %s", i, at[i].Sub(pastSince), past, d.Balancer, d.Why, want)
 		}
 	}
-	if !past {
+	if pastSince.IsZero() {
 		t.Fatal("the engine never said the load is past the cap at 95%")
 	}
-	if p.Switches() != before {
-		t.Errorf("%d switches, want none", p.Switches()-before)
+	if p.Switches() != before+1 {
+		t.Errorf("%d switches past the cap, want 1", p.Switches()-before)
 	}
+	now = now.Add(10 * time.Minute)
+	acts, at, ds = runUntil(t, p, now.Add(10*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
+	at = cycleTimes(acts, at)
+	var belowSince time.Time
+	for i, d := range ds {
+		if _, past := weights.Has(d.Result.Reasons, weights.ReasonPastCap); past || !d.Result.Learned {
+			continue
+		}
+		if belowSince.IsZero() {
+			belowSince = at[i]
+		}
+		if at[i].Sub(belowSince) < window && d.Balancer != weights.BalancerLeastRequest {
+			t.Errorf("cycle %d, %v after the first result below the cap: %s (%s), want LEAST_REQUEST kept for a query window", i, at[i].Sub(belowSince), d.Balancer, d.Why)
+		}
+	}
+	if last := ds[len(ds)-1]; last.Balancer != weights.BalancerRoundRobin || last.Why != ReasonLearned || p.Switches() != before+2 {
+		t.Errorf("at half load again: %s (%s) after %d switches, want ROUND_ROBIN (Learned) after 2", last.Balancer, last.Why, p.Switches()-before)
+	}
+}
+
+// cycleTimes is the instants of the cycles among runUntil's actions.
+func cycleTimes(acts []Action, at []time.Time) []time.Time {
+	var out []time.Time
+	for i, a := range acts {
+		if a == Cycle {
+			out = append(out, at[i])
+		}
+	}
+	return out
 }
 
 // A restarted manager keeps a LEAST_REQUEST recorded as AtCapacity: the

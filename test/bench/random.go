@@ -226,7 +226,7 @@ a failed test. The kinds seen so far:
   capacity oracle's and the best ones included: few client sidecars, or
   heavy-tailed requests near full load, where chance queues under
   ` + "`ROUND_ROBIN`" + ` also start spells of ` + "`LEAST_REQUEST`" + ` (two switches each);
-  past the utilisation cap the policy keeps ` + "`LEAST_REQUEST`" + ` itself
+  past the utilisation cap the policy runs ` + "`LEAST_REQUEST`" + ` itself
   (` + "`AtCapacity`" + `), and below it ` + "`load_balancer: LEAST_REQUEST`" + ` keeps the
   weights and is the better choice there (README, "Load balancer");
 - weights written from the first estimates that the publish bar then holds
