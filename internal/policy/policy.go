@@ -563,12 +563,17 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 		lb, why = weights.BalancerRoundRobin, ReasonLearned
 	}
 	_, past := weights.Has(d.Result.Reasons, weights.ReasonPastCap)
-	if past {
+	switch {
+	case d.Result.Mode != weights.ModeOptimizing && d.Result.Mode != weights.ModeSteady:
+		// No fresh data (a failed query, none, too little load): it says
+		// nothing of the load, and what was decided stands.
+		past = p.why == ReasonAtCapacity
+	case past:
 		p.belowCapSince = time.Time{}
 		if p.pastCapSince.IsZero() {
 			p.pastCapSince = now
 		}
-	} else {
+	default:
 		p.pastCapSince = time.Time{}
 		if p.belowCapSince.IsZero() {
 			p.belowCapSince = now

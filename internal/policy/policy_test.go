@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -882,6 +883,30 @@ func cycleTimes(acts []Action, at []time.Time) []time.Time {
 		}
 	}
 	return out
+}
+
+// Cycles without fresh data (failed queries) say nothing of the load: an
+// AtCapacity spell holds through them, with no switch.
+func TestAtCapacityHoldsThroughFailedQueries(t *testing.T) {
+	p := New(config())
+	p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
+	now := t0.Add(15 * time.Minute)
+	runUntil(t, p, now, func(time.Time) weights.Observation { return busy() })
+	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonAtCapacity {
+		t.Fatalf("at 95%% load: %s (%s), want LEAST_REQUEST (AtCapacity)", lb, why)
+	}
+	before := p.Switches()
+	_, _, ds := runUntil(t, p, now.Add(3*time.Minute), func(time.Time) weights.Observation {
+		return weights.Observation{Err: errors.New("prometheus down")}
+	})
+	for i, d := range ds {
+		if d.Balancer != weights.BalancerLeastRequest || d.Why != ReasonAtCapacity {
+			t.Errorf("failed query %d: %s (%s, mode %s), want LEAST_REQUEST (AtCapacity) kept", i, d.Balancer, d.Why, d.Result.Mode)
+		}
+	}
+	if p.Switches() != before {
+		t.Errorf("%d switches through failed queries, want none", p.Switches()-before)
+	}
 }
 
 // A restarted manager keeps a LEAST_REQUEST recorded as AtCapacity: the

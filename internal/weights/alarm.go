@@ -103,9 +103,10 @@ func (st *podState) rings(r, served, sent float64, alone bool) bool {
 // latencyAlone reports whether the pod's latency may ring the alarm on
 // its own, where what it served is unknown: unless its usual latency was
 // read while the clients ran LEAST_REQUEST and ROUND_ROBIN is live now
-// (rr, see roundRobinNow), so the recent latencies show it. LEAST_REQUEST steers each request to a short queue, so the
-// latencies it shows are the floor of what any weights give at the same
-// load; under ROUND_ROBIN a pod run near the cap queues as chance has it.
+// (rr, see roundRobinNow), so the recent latencies show it.
+// LEAST_REQUEST steers each request to a short queue, so the latencies it
+// shows are the floor of what any weights give at the same load; under
+// ROUND_ROBIN a pod run near the cap queues as chance has it.
 // Against a reference read under LEAST_REQUEST, a busy pod's first
 // readings under ROUND_ROBIN stand out by the balancer's change alone:
 // at 90% load on three hardware generations, a fast two-core pod read
