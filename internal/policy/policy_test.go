@@ -88,12 +88,7 @@ func TestFirstCycleAtOptInThenPeriodWithJitter(t *testing.T) {
 		t.Fatalf("after the opt-in: %v at %v, want Cycle at once", act, at.Sub(t0))
 	}
 	acts, at, _ := runUntil(t, p, t0.Add(10*time.Minute), func(time.Time) weights.Observation { return steady(nil) })
-	var cycles []time.Time
-	for i, a := range acts {
-		if a == Cycle {
-			cycles = append(cycles, at[i])
-		}
-	}
+	cycles := cycleTimes(acts, at)
 	if len(cycles) < 15 || !cycles[0].Equal(t0) {
 		t.Fatalf("cycles at %v", cycles)
 	}
