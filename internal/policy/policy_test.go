@@ -880,9 +880,10 @@ func cycleTimes(acts []Action, at []time.Time) []time.Time {
 	return out
 }
 
-// Cycles without fresh data (failed queries) say nothing of the load: an
-// AtCapacity spell holds through them, with no switch.
-func TestAtCapacityHoldsThroughFailedQueries(t *testing.T) {
+// atCapacity returns a policy opted in at 95% load 15 minutes ago, on
+// LEAST_REQUEST (AtCapacity), and the instant.
+func atCapacity(t *testing.T) (*Policy, time.Time) {
+	t.Helper()
 	p := New(config())
 	p.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
 	now := t0.Add(15 * time.Minute)
@@ -890,6 +891,13 @@ func TestAtCapacityHoldsThroughFailedQueries(t *testing.T) {
 	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonAtCapacity {
 		t.Fatalf("at 95%% load: %s (%s), want LEAST_REQUEST (AtCapacity)", lb, why)
 	}
+	return p, now
+}
+
+// Cycles without fresh data (failed queries) say nothing of the load: an
+// AtCapacity spell holds through them, with no switch.
+func TestAtCapacityHoldsThroughFailedQueries(t *testing.T) {
+	p, now := atCapacity(t)
 	before := p.Switches()
 	_, _, ds := runUntil(t, p, now.Add(3*time.Minute), func(time.Time) weights.Observation {
 		return weights.Observation{Err: errors.New("prometheus down")}
@@ -907,13 +915,7 @@ func TestAtCapacityHoldsThroughFailedQueries(t *testing.T) {
 // A restarted manager keeps a LEAST_REQUEST recorded as AtCapacity: the
 // manager before had learned, and the load is still past the cap.
 func TestRestartKeepsAtCapacity(t *testing.T) {
-	old := New(config())
-	old.OptIn(t0, fleet(), nil, "", "", weights.Snapshot{})
-	now := t0.Add(15 * time.Minute)
-	runUntil(t, old, now, func(time.Time) weights.Observation { return busy() })
-	if lb, why := old.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonAtCapacity {
-		t.Fatalf("before the restart: %s (%s), want LEAST_REQUEST (AtCapacity)", lb, why)
-	}
+	old, now := atCapacity(t)
 	p := New(config())
 	p.OptIn(now, fleet(), old.Weights(now, fleet()), weights.BalancerLeastRequest, ReasonAtCapacity, old.Snapshot())
 	if lb, why := p.Balancer(); lb != weights.BalancerLeastRequest || why != ReasonAtCapacity {
