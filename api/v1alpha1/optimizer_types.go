@@ -152,7 +152,8 @@ type Optimization struct {
 	MaxStepPercent *int64 `json:"max_step_percent,omitempty"`
 
 	// max_weight_ratio keeps every weight within [mean/ratio, mean*ratio]
-	// (gRPC clients clip weights at 0.1x-10x of the mean).
+	// (by default 0.1x-10x, the range gRPC's weighted round robin clips its
+	// own weights to; Envoy does not clip them).
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional

@@ -22,7 +22,8 @@ import (
 // some pod's traffic by at least DeadBand, for weights within it of their
 // targets are converged (see Update). A pod sent its capacity
 // or more makes the gain infinite. Then the step bounds (MaxStep), the
-// ratio bounds (MaxRatio: gRPC clients clip at 0.1x-10x of the mean), and
+// ratio bounds (MaxRatio: 0.1x-10x of the mean by default, as gRPC's
+// weighted round robin clips its own weights), and
 // integers of at least 1 whose sum per locality stays below 2^32-1.
 
 // verdict is the publish stage's decision, for the message.

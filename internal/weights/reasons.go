@@ -147,7 +147,7 @@ func (r Reason) String() string {
 	case ReasonSaturated:
 		return fmt.Sprintf("%d pod(s) at their CPU limit (%s)", len(r.Pods), pods())
 	case ReasonFloorOverload:
-		return fmt.Sprintf("%d pod(s) (%s) are sent more than they can serve by the weight floor alone (the mean weight over a max weight ratio of %g): their queue grows; raise the ratio if no client is a gRPC one that clips it, or give them more CPU", len(r.Pods), pods(), r.Limit)
+		return fmt.Sprintf("%d pod(s) (%s) are sent more than they can serve by the weight floor alone (the mean weight over a max weight ratio of %g): their queue grows; raise the ratio, or give them more CPU", len(r.Pods), pods(), r.Limit)
 	case ReasonPastCap:
 		return fmt.Sprintf("the load is %.0f%% of the pods' estimated capacity, past the %.0f%% any pod is loaded to: every pod is sent its capacity share and runs above that", 100*r.Value, 100*r.Limit)
 	case ReasonCPUOnly:

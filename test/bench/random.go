@@ -217,7 +217,7 @@ A miss here is what the engine does on a Service nobody tuned it for, not
 a failed test. The kinds seen so far:
 
 - at low load, slow pods held at the least weight ` + "`max_weight_ratio`" + `
-  allows (the mean over the ratio, for gRPC clients clip weights there)
+  allows (the mean over the ratio: a tenth of it by default)
   where the best static weights send them nothing (` + "`go run ./test/bench --random 60 --seeds 1-8 --max-ratio 100`" + `
   shows how much of a miss is that floor's);
 - a pod smaller than that least weight: no weight the ratio allows serves
