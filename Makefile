@@ -140,7 +140,7 @@ bench-baseline: ## Record the guard's baseline (test/bench/baseline.json) from t
 	go run ./test/bench --guard test/bench/scenarios --seeds $(BENCH_GUARD_SEEDS) --write-baseline test/bench/baseline.json
 
 .PHONY: bench-sensitivity
-bench-sensitivity: ## Rerun the sensitivity table of the engine's constants (minutes) for make bench-docs.
+bench-sensitivity: ## Rerun the sensitivity table of the engine's constants (medians over seeds 1-8, about half an hour) for make bench-docs.
 	hack/sensitivity.sh > test/bench/sensitivity.md.new && mv test/bench/sensitivity.md.new test/bench/sensitivity.md
 
 .PHONY: scale

@@ -236,8 +236,11 @@ func targetsOf(targets []Target, files []string, results [][]StrategyResult) []T
 	return out
 }
 
-// writeTargets prints one row per target, one column per seed.
+// writeTargets prints one row per target, one column per seed. Over more
+// than one seed a last column holds the median, and the verdict is the
+// median's, as TestIssueTargets judges; over one, that seed's.
 func writeTargets(w io.Writer, rs []TargetResult, seeds []uint64) {
+	multi := len(seeds) > 1
 	hdr, sep := "| target |", "|---|"
 	for _, s := range seeds {
 		sep += "---|"
@@ -247,23 +250,32 @@ func writeTargets(w io.Writer, rs []TargetResult, seeds []uint64) {
 		}
 		hdr += fmt.Sprintf(" seed %d |", s)
 	}
+	if multi {
+		hdr, sep = hdr+" median |", sep+"---|"
+	}
 	fmt.Fprintln(w, hdr+" holds |")
 	fmt.Fprintln(w, sep+"---|")
 	for i := 0; i < len(rs); i += len(seeds) {
 		tg := rs[i].Target
 		line := "| " + tg.Name + " |"
-		all := true
+		var values []float64
 		for _, r := range rs[i : i+len(seeds)] {
 			line += " " + tg.format(r.Value) + " |"
-			all = all && tg.holds(r.Value)
+			values = append(values, r.Value)
 		}
+		judged := values[0]
+		if multi {
+			judged = medianOf(values)
+			line += " " + tg.format(judged) + " |"
+		}
+		held := tg.holds(judged)
 		verdict := "yes"
 		switch {
-		case all && tg.Miss != "":
+		case held && tg.Miss != "":
 			verdict = "yes (a known miss, held here)"
-		case !all && tg.Miss != "":
+		case !held && tg.Miss != "":
 			verdict = "no (known: " + tg.Miss + ")"
-		case !all:
+		case !held:
 			verdict = "**NO**"
 		}
 		fmt.Fprintln(w, line+" "+verdict+" |")

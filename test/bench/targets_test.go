@@ -156,3 +156,35 @@ func TestTargetsOfTheRunScenarios(t *testing.T) {
 		}
 	}
 }
+
+// Over several seeds --targets judges a target on its median, as
+// TestIssueTargets does (one bad seed does not break it, a bad median
+// does); over one seed, on that seed. hack/sensitivity.sh reads the last
+// value column.
+func TestWriteTargetsJudgesTheMedianOverSeeds(t *testing.T) {
+	tg := Target{Name: "t", Max: 1.0, Unit: "x"}
+	row := func(seeds []uint64, values ...float64) string {
+		var rs []TargetResult
+		for i, v := range values {
+			rs = append(rs, TargetResult{Target: tg, Value: v, Seed: seeds[i]})
+		}
+		var b strings.Builder
+		writeTargets(&b, rs, seeds)
+		lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+		return lines[len(lines)-1]
+	}
+	three := []uint64{1, 2, 3}
+	for _, c := range []struct {
+		seeds  []uint64
+		values []float64
+		want   string
+	}{
+		{three, []float64{0.9, 1.2, 0.95}, "| t | 0.900x | 1.200x | 0.950x | 0.950x | yes |"},
+		{three, []float64{1.1, 1.2, 0.95}, "| t | 1.100x | 1.200x | 0.950x | 1.100x | **NO** |"},
+		{[]uint64{0}, []float64{1.2}, "| t | 1.200x | **NO** |"},
+	} {
+		if got := row(c.seeds, c.values...); got != c.want {
+			t.Errorf("values %v: row %q, want %q", c.values, got, c.want)
+		}
+	}
+}
