@@ -152,7 +152,7 @@ type Optimization struct {
 	MaxStepPercent *int64 `json:"max_step_percent,omitempty"`
 
 	// max_weight_ratio keeps every weight within [mean/ratio, mean*ratio]
-	// (by default 0.1x-10x, the range gRPC's weighted round robin clips its
+	// (by default 0.1x-10x, the range grpc-java's weighted round robin clips its
 	// own weights to; Envoy does not clip them).
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100

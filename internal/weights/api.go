@@ -16,7 +16,7 @@ type Params struct {
 	// may double or halve), so one bad reading cannot swing the traffic.
 	MaxStep float64
 	// MaxRatio keeps every weight within [mean/MaxRatio, mean*MaxRatio]:
-	// by default 0.1x-10x, the range gRPC's weighted round robin clips its
+	// by default 0.1x-10x, the range grpc-java's weighted round robin clips its
 	// own weights to (Envoy does not clip them).
 	MaxRatio float64
 	// Smoothing is the share of a new reading in a settled estimate (1 =

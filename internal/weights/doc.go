@@ -64,7 +64,7 @@
 //     (closer weights are converged) unless a pod is sent its capacity or
 //     its estimate is following a change; a pod that the MaxRatio floor
 //     holds on both sides is compared at its live traffic; then MaxStep,
-//     MaxRatio (0.1x-10x by default, as gRPC's weighted round robin
+//     MaxRatio (0.1x-10x by default, as grpc-java's weighted round robin
 //     clips), integers of at least 1,
 //     and sums per locality below 2^32-1.
 //

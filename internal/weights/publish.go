@@ -22,7 +22,7 @@ import (
 // some pod's traffic by at least DeadBand, for weights within it of their
 // targets are converged (see Update). A pod sent its capacity
 // or more makes the gain infinite. Then the step bounds (MaxStep), the
-// ratio bounds (MaxRatio: 0.1x-10x of the mean by default, as gRPC's
+// ratio bounds (MaxRatio: 0.1x-10x of the mean by default, as grpc-java's
 // weighted round robin clips its own weights), and
 // integers of at least 1 whose sum per locality stays below 2^32-1.
 
