@@ -137,7 +137,8 @@ type Optimization struct {
 	// show, so noise causes no writes. Near full load, where a weight a few
 	// percent high is a queue, a smaller gap is worth a write, but a write
 	// always moves some pod's traffic by at least dead_band_percent (weights
-	// that close to their targets are converged), unless a pod is sent more
+	// that close to their targets are converged: each pod's live share is
+	// judged against the share the write would send), unless a pod is sent more
 	// than it can serve or its estimate is following a change.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=50

@@ -63,7 +63,7 @@ func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
 //
 // loadShift is each pod's relative change of target for one standard
 // deviation of the load estimate (nil: none).
-func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, held bounds, logVar, loadShift []float64, load float64) (gain, bar, maxMove float64, common int) {
+func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, held bounds, logVar, loadShift []float64, load float64) (gain, bar float64, common int) {
 	refSum, propSum := 0.0, 0.0
 	for i, pod := range set {
 		if w, ok := ref[pod.Name]; ok {
@@ -73,7 +73,7 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 		}
 	}
 	if common == 0 || !(refSum > 0) || !(propSum > 0) {
-		return 0, 0, 0, common
+		return 0, 0, common
 	}
 	capacity := 0.0
 	for _, d := range dp {
@@ -89,9 +89,6 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 		if w, ok := ref[pod.Name]; ok {
 			xl[i] = total * float64(w) / refSum
 			xt[i] = total * proposal[i] / propSum
-			if xl[i] > 0 {
-				maxMove = max(maxMove, math.Abs(xt[i]/xl[i]-1))
-			}
 		}
 	}
 	p.holdFloors(set, ref, proposal, refSum/float64(common), xl, xt)
@@ -134,7 +131,37 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 		gain, bar = gain/lt, bar/lt
 	}
 	bar += p.DeadBand * p.DeadBand
-	return gain, bar, maxMove, common
+	return gain, bar, common
+}
+
+// offTarget is how far the live weights ref are from the weights next a
+// write would send, as the quality tests and the bench judge convergence:
+// the largest gap between a pod's live share of the traffic and its share
+// under next, relative to the latter. Measured on the whole weights
+// written, after the step bounds and rounding, not on the solver's
+// targets: a move the rounding takes a pod under the dead band is no move.
+func offTarget(set []Pod, ref, next map[string]uint32) float64 {
+	refSum, nextSum := 0.0, 0.0
+	for _, pod := range set {
+		w, ok := ref[pod.Name]
+		v, ok2 := next[pod.Name]
+		if ok && ok2 {
+			refSum += float64(w)
+			nextSum += float64(v)
+		}
+	}
+	if !(refSum > 0) || !(nextSum > 0) {
+		return 0
+	}
+	off := 0.0
+	for _, pod := range set {
+		w, ok := ref[pod.Name]
+		v, ok2 := next[pod.Name]
+		if ok && ok2 && v > 0 {
+			off = max(off, math.Abs(float64(w)/refSum/(float64(v)/nextSum)-1))
+		}
+	}
+	return off
 }
 
 // capPenalty is the solver's bounds' part of its Lagrangian at the live

@@ -29,7 +29,8 @@ const (
 	// their data.
 	ReasonNewData ReasonCode = "NewData"
 	// ReasonMoved: the predicted gain (Gain) beat the bar (Bar); weights
-	// moved by up to Value; learned from Count of Of pods (Detail:
+	// moved by up to Value (the largest gap between a pod's live share
+	// and its new one, relative to the new); learned from Count of Of pods (Detail:
 	// SpeedsFromRequests or SpeedsFromCPU).
 	ReasonMoved ReasonCode = "Moved"
 	// ReasonSteady: the gain did not beat the bar, or no weight moved by
