@@ -355,6 +355,16 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		// 3.6%, and on CPU alone on a 1-2-4-8-core mix by a quarter.
 		st.cores.restate(noise, &st.coresR, len(st.coresResiduals) < e.params.memory())
 		restarted := st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded)
+		if restarted && spreadVariance(st.coresResiduals) == 0 && !(e.coresNoise > 0) {
+			// A jump judged against a noise nobody has measured for this
+			// pod's cores (neither its own residuals nor a snapshot's)
+			// shows that noise, not a change: the estimate moves, but it
+			// is not followed as a change (see followingChange). Counted
+			// as one, every no-limit pod's second reading at opt-in kept
+			// the dead band off for the filter's whole memory, and
+			// refinements of a few percent were written ten minutes on.
+			st.cores.changed = false
+		}
 		if !known && st.coresSettled {
 			st.cores.v, st.cores.n = e.params.Smoothing*r, e.params.memory()
 		}

@@ -297,3 +297,38 @@ func TestPastCap(t *testing.T) {
 		t.Errorf("no pods: %v", got)
 	}
 }
+
+// A no-limit pod's second cores reading, judged against the prior's
+// percent because nothing has measured its own noise yet, often jumps:
+// the estimate follows it, but it is not a change the weights must
+// follow past the dead band. Once the pod's residuals show its noise, a
+// jump past it is one.
+func TestCoresJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
+	e := New(DefaultParams())
+	pod := Pod{Name: "p", Node: "n", NodeCores: 16}
+	set := []Pod{pod}
+	read := func(cores float64) { e.updateCores(set, &cycleReadings{pods: []reading{{cores: cores}}}) }
+	read(2)
+	read(2.8) // 34% off a percent's noise: restarts the filter
+	st := e.pods["p"]
+	if got := math.Exp(st.cores.m); math.Abs(got/2.8-1) > 0.01 {
+		t.Fatalf("after a jump to 2.8 cores the estimate is %.2f, want it restarted at the reading", got)
+	}
+	if st.cores.changed {
+		t.Errorf("a jump judged against the prior's noise counts as a change")
+	}
+	if e.followingChange(set) {
+		t.Errorf("the weights follow a jump judged against the prior's noise past the dead band")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 12 {
+		read(2.8 * math.Exp(0.02*rng.NormFloat64()))
+	}
+	if st.cores.changed {
+		t.Fatalf("steady readings restarted the filter")
+	}
+	read(2.8 * 2) // a jump past the measured noise: the pod changed
+	if !st.cores.changed || !e.followingChange(set) {
+		t.Errorf("a jump to twice the cores past the measured noise is not followed as a change (changed %v)", st.cores.changed)
+	}
+}
