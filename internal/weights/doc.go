@@ -61,8 +61,9 @@
 //     chance (zSigmas; a settled estimate's noise, or a speed estimate's
 //     own while it has only begun) plus a write's cost (DeadBand² of the
 //     request time), and moves some pod's traffic by at least DeadBand
-//     (closer weights are converged) unless a pod is sent its capacity or
-//     its estimate is following a change; a pod that the MaxRatio floor
+//     (closer weights are converged; judged on the weights the write would
+//     send, each live share against the new one) unless a pod is sent its
+//     capacity or its estimate is following a change; a pod that the MaxRatio floor
 //     holds on both sides is compared at its live traffic; then MaxStep,
 //     MaxRatio (0.1x-10x by default, as grpc-java's weighted round robin
 //     clips), integers of at least 1,

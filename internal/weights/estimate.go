@@ -24,7 +24,9 @@ type filter struct {
 	m, v  float64
 	known bool
 	// changed: the filter restarted on a change the data showed (a jump,
-	// a CUSUM or a censored reading's backoff), not on its first reading.
+	// a CUSUM or a censored reading's backoff), not on its first reading,
+	// nor (cores) on a jump judged against a noise not yet measured (see
+	// updateCores).
 	changed  bool
 	n        int     // readings taken since the last restart
 	up, down float64 // the CUSUM of innovations above and below, in sds
@@ -305,8 +307,8 @@ func (p Params) memory() int { return int(math.Ceil(1 / p.Smoothing)) }
 // updateCores folds each pod's cores reading into its cores filter: from
 // its latency (Erlang C) when it has one, else from its node's idle CPU
 // (the ceiling). The readings' noise is the spread of the pod's recent
-// residuals (see spreadVariance); a reading that restarts the filter
-// showed a change, not noise, and is left out of them. The ceiling is a
+// residuals (see spreadVariance); a reading that restarts the filter is
+// left out of them, as one that may show a change rather than noise. The ceiling is a
 // reading of its own kind, as noisy as the node's CPU under the pod's
 // neighbours: where it stands in for the latency's (a window whose share
 // moved gives none), it is judged by the ceiling's own spread too, kept
@@ -355,14 +357,18 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		// 3.6%, and on CPU alone on a 1-2-4-8-core mix by a quarter.
 		st.cores.restate(noise, &st.coresR, len(st.coresResiduals) < e.params.memory())
 		restarted := st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded)
-		if restarted && spreadVariance(st.coresResiduals) == 0 && !(e.coresNoise > 0) {
+		if restarted && e.coresNoiseUnmeasured(st) {
 			// A jump judged against a noise nobody has measured for this
-			// pod's cores (neither its own residuals nor a snapshot's)
-			// shows that noise, not a change: the estimate moves, but it
-			// is not followed as a change (see followingChange). Counted
-			// as one, every no-limit pod's second reading at opt-in kept
-			// the dead band off for the filter's whole memory, and
-			// refinements of a few percent were written ten minutes on.
+			// pod's cores may be that noise rather than a change: the
+			// estimate moves, but it is not followed as a change past the
+			// dead band (see followingChange). Counted as one, every
+			// no-limit pod's second reading at opt-in (and a pod's on a
+			// new node) kept the dead band off for the filter's whole
+			// memory, and refinements of a few percent were written ten
+			// minutes on. Three residuals end it, as they start the
+			// spread; a spread measured from so few can still be small
+			// by chance (see coresReadingVar), and a jump judged by it
+			// then is followed.
 			st.cores.changed = false
 		}
 		if !known && st.coresSettled {
@@ -377,6 +383,13 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 			st.ceilingResiduals = appendCapped(st.ceilingResiduals, ceiling, e.params.memory())
 		}
 	}
+}
+
+// coresNoiseUnmeasured reports whether nothing has measured the noise of
+// the pod's cores readings: no spread of its own residuals yet, and no
+// snapshot's (Snapshot.CoresNoise).
+func (e *Engine) coresNoiseUnmeasured(st *podState) bool {
+	return spreadVariance(st.coresResiduals) == 0 && !(e.coresNoise > 0)
 }
 
 // coresReadingVar is the variance of one cores reading of the pod: its

@@ -309,7 +309,7 @@ func TestCoresJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 	set := []Pod{pod}
 	read := func(cores float64) { e.updateCores(set, &cycleReadings{pods: []reading{{cores: cores}}}) }
 	read(2)
-	read(2.8) // 34% off a percent's noise: restarts the filter
+	read(2.8) // 40% off, judged against a percent's noise: restarts the filter
 	st := e.pods["p"]
 	if got := math.Exp(st.cores.m); math.Abs(got/2.8-1) > 0.01 {
 		t.Fatalf("after a jump to 2.8 cores the estimate is %.2f, want it restarted at the reading", got)
@@ -330,5 +330,16 @@ func TestCoresJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 	read(2.8 * 2) // a jump past the measured noise: the pod changed
 	if !st.cores.changed || !e.followingChange(set) {
 		t.Errorf("a jump to twice the cores past the measured noise is not followed as a change (changed %v)", st.cores.changed)
+	}
+
+	// After a restart the snapshot's noise (measured over the Service's
+	// pods by the engine before) is a measured one: the same jump at a
+	// second reading is a change.
+	e = New(DefaultParams())
+	e.coresNoise = 0.02
+	read(2)
+	read(2.8)
+	if st := e.pods["p"]; !st.cores.changed {
+		t.Errorf("a jump of 40%% judged against the snapshot's 2%% noise is not a change")
 	}
 }

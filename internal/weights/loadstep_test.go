@@ -130,17 +130,17 @@ func TestLoadStepPastTheCapMovesTheWeights(t *testing.T) {
 	before, _, _ := weightsAt(0.9, none)
 	for _, load := range []float64{0.95, 0.99, 1.0, 1.05} {
 		same, proposal, held := weightsAt(load, none)
-		if gain, bar, _ := p.judge(set, before, slices.Clone(proposal), dp, held, logVar, nil, load*capacity); gain <= bar {
+		if gain, bar := p.judge(set, before, slices.Clone(proposal), dp, held, logVar, nil, load*capacity); gain <= bar {
 			t.Errorf("load 0.9 -> %v: live %v, targets %v: gain %.3g within the bar %.3g", load, before, same, gain, bar)
 		}
-		if gain, bar, _ := p.judge(set, same, slices.Clone(proposal), dp, held, logVar, nil, load*capacity); gain > bar {
+		if gain, bar := p.judge(set, same, slices.Clone(proposal), dp, held, logVar, nil, load*capacity); gain > bar {
 			t.Errorf("load %v: the targets %v written: gain %.3g passes the bar %.3g", load, same, gain, bar)
 		}
 		sd := math.Sqrt(logVar[0])
 		for _, sign := range []float64{1, -1} {
 			skew := []float64{math.Exp(sign * sd), math.Exp(-sign * sd), math.Exp(sign * sd), math.Exp(-sign * sd)}
 			off, _, _ := weightsAt(load, skew)
-			if gain, bar, _ := p.judge(set, off, slices.Clone(proposal), dp, held, logVar, nil, load*capacity); gain > bar {
+			if gain, bar := p.judge(set, off, slices.Clone(proposal), dp, held, logVar, nil, load*capacity); gain > bar {
 				t.Errorf("load %v: targets %v, live %v solved an estimate's deviation off: gain %.3g passes the bar %.3g", load, same, off, gain, bar)
 			}
 		}
@@ -185,7 +185,7 @@ func TestLoadStepToTheCapMovesTheWeightsWithNoisyEstimates(t *testing.T) {
 			dp := noisy()
 			x, held := solveBounds(dp, 0.92*capacity)
 			proposal := p.proposalFrom(time.Time{}, set, x)
-			if gain, bar, _ := p.judge(set, live, proposal, dp, held, logVar, nil, 0.92*capacity); gain > bar {
+			if gain, bar := p.judge(set, live, proposal, dp, held, logVar, nil, 0.92*capacity); gain > bar {
 				wrote++
 			}
 		}

@@ -26,16 +26,6 @@ import (
 // weighted round robin clips its own weights), and
 // integers of at least 1 whose sum per locality stays below 2^32-1.
 
-// verdict is the publish stage's decision, for the message.
-type verdict struct {
-	write          bool
-	gain, bar      float64 // relative to the targets' objective
-	maxMove        float64
-	setChanged     bool
-	weights        map[string]uint32
-	changedWeights bool
-}
-
 // proposalFrom turns traffic into weights of mean meanWeight, scaled by
 // slow start, within MaxRatio of the mean.
 func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
@@ -63,8 +53,8 @@ func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
 //
 // loadShift is each pod's relative change of target for one standard
 // deviation of the load estimate (nil: none).
-func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, held bounds, logVar, loadShift []float64, load float64) (gain, bar float64, common int) {
-	refSum, propSum := 0.0, 0.0
+func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp []decidePod, held bounds, logVar, loadShift []float64, load float64) (gain, bar float64) {
+	refSum, propSum, common := 0.0, 0.0, 0
 	for i, pod := range set {
 		if w, ok := ref[pod.Name]; ok {
 			refSum += float64(w)
@@ -73,7 +63,7 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 		}
 	}
 	if common == 0 || !(refSum > 0) || !(propSum > 0) {
-		return 0, 0, common
+		return 0, 0
 	}
 	capacity := 0.0
 	for _, d := range dp {
@@ -131,15 +121,16 @@ func (p Params) judge(set []Pod, ref map[string]uint32, proposal []float64, dp [
 		gain, bar = gain/lt, bar/lt
 	}
 	bar += p.DeadBand * p.DeadBand
-	return gain, bar, common
+	return gain, bar
 }
 
 // offTarget is how far the live weights ref are from the weights next a
 // write would send, as the quality tests and the bench judge convergence:
 // the largest gap between a pod's live share of the traffic and its share
 // under next, relative to the latter. Measured on the whole weights
-// written, after the step bounds and rounding, not on the solver's
-// targets: a move the rounding takes a pod under the dead band is no move.
+// written (integers, after the step bounds and rounding), not on the
+// solver's targets: a move the rounding takes under the dead band is no
+// move.
 func offTarget(set []Pod, ref, next map[string]uint32) float64 {
 	refSum, nextSum := 0.0, 0.0
 	for _, pod := range set {

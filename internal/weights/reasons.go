@@ -28,13 +28,15 @@ const (
 	// of the window, and their weights are kept until a whole one holds
 	// their data.
 	ReasonNewData ReasonCode = "NewData"
-	// ReasonMoved: the predicted gain (Gain) beat the bar (Bar); weights
-	// moved by up to Value (the largest gap between a pod's live share
-	// and its new one, relative to the new); learned from Count of Of pods (Detail:
-	// SpeedsFromRequests or SpeedsFromCPU).
+	// ReasonMoved: the predicted gain (Gain) beat the bar (Bar); the live
+	// weights were up to Value off the new ones (the largest gap between
+	// a pod's live share and its new one, relative to the new; as for
+	// Steady, on the weights a write would send); learned from Count of
+	// Of pods (Detail: SpeedsFromRequests or SpeedsFromCPU).
 	ReasonMoved ReasonCode = "Moved"
-	// ReasonSteady: the gain did not beat the bar, or no weight moved by
-	// the dead band (Limit, set then); nothing moved.
+	// ReasonSteady: the gain did not beat the bar, or no live weight is
+	// the dead band (Limit, set then) off its target; the live weights
+	// are up to Value off the targets; nothing moved.
 	ReasonSteady ReasonCode = "Steady"
 	// ReasonBacklog: these Pods hold a backlog and are sent less until it clears.
 	ReasonBacklog ReasonCode = "Backlog"
@@ -134,14 +136,14 @@ func (r Reason) String() string {
 	case ReasonNewData:
 		return fmt.Sprintf("%d pod(s) (%s) lacked CPU data within the last query window and scrape interval: their weights are kept until a whole window holds their data", len(r.Pods), pods())
 	case ReasonMoved:
-		return fmt.Sprintf("Optimizing: weights moved by up to %.1f%% for a predicted gain of %.2g%% of the request time (bar %.2g%%); learned from %d of %d pods using %s",
+		return fmt.Sprintf("Optimizing: the live weights were up to %.1f%% off the new ones, for a predicted gain of %.2g%% of the request time (bar %.2g%%); learned from %d of %d pods using %s",
 			100*r.Value, 100*r.Gain, 100*r.Bar, r.Count, r.Of, source)
 	case ReasonSteady:
 		if r.Limit > 0 {
-			return fmt.Sprintf("Steady: moving weights by up to %.1f%% would gain %.2g%% of the request time (bar %.2g%%), but no weight is %.0f%% (the dead band) off its target: the estimates are settling; learned from %d of %d pods using %s",
+			return fmt.Sprintf("Steady: the live weights are up to %.1f%% off the targets, which would gain %.2g%% of the request time (bar %.2g%%), but none is %.0f%% (the dead band) off: the estimates are settling; learned from %d of %d pods using %s",
 				100*r.Value, 100*r.Gain, 100*r.Bar, 100*r.Limit, r.Count, r.Of, source)
 		}
-		return fmt.Sprintf("Steady: moving weights by up to %.1f%% would gain %.2g%% of the request time, within the %.2g%% the estimates' noise and a write's cost allow; learned from %d of %d pods using %s",
+		return fmt.Sprintf("Steady: the live weights are up to %.1f%% off the targets, which would gain %.2g%% of the request time, within the %.2g%% the estimates' noise and a write's cost allow; learned from %d of %d pods using %s",
 			100*r.Value, 100*max(r.Gain, 0), 100*r.Bar, r.Count, r.Of, source)
 	case ReasonBacklog:
 		return fmt.Sprintf("%d pod(s) with a backlog (%s) get less traffic until it clears", len(r.Pods), pods())

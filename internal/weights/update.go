@@ -211,7 +211,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 			}
 		}
 	}
-	gain, bar, _ := e.params.judge(set, ref, slices.Clone(proposal), dp, held, logVar, loadShift, load)
+	gain, bar := e.params.judge(set, ref, slices.Clone(proposal), dp, held, logVar, loadShift, load)
 	fixed := make([]bool, len(set))
 	for i, d := range dp {
 		fixed[i] = d.fixed
