@@ -216,7 +216,10 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	for i, d := range dp {
 		fixed[i] = d.fixed
 	}
-	next, _ := e.params.settle(set, ref, slices.Clone(proposal), true, fixed)
+	// The weights a write would send, settled once: measured here, sent
+	// below if written. settle bounds its proposal in place.
+	bounded := slices.Clone(proposal)
+	next, nextChanged := e.params.settle(set, ref, bounded, true, fixed)
 	maxMove := offTarget(set, ref, next)
 	// Weights within DeadBand of their targets are converged, as the bench
 	// and the quality tests count them: after the opt-in's moves the
@@ -233,7 +236,12 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	if e.unapplied {
 		write = write || !maps.Equal(e.last, ref)
 	}
-	weights, changed := e.params.settle(set, ref, proposal, write, fixed)
+	weights, changed := next, nextChanged
+	if write {
+		proposal = bounded
+	} else {
+		weights, changed = e.params.settle(set, ref, proposal, false, fixed)
+	}
 	mode := ModeOptimizing
 	if !write {
 		mode = ModeSteady
