@@ -213,7 +213,18 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 			d := min(max(st.speed.m, lo), hi) - st.speed.m
 			residuals = append(residuals, d*d)
 		}
-		st.speed.update(lo, hi, r, e.overlapInflation(), e.params, false)
+		if st.speed.update(lo, hi, r, e.overlapInflation(), e.params, false) && e.noiseCycles == 0 {
+			// As for cores (updateCores): a jump judged against the prior's
+			// noise, before any cycle (or a snapshot) measured the
+			// readings', may be that noise. The estimate restarts at the
+			// reading, but is not followed as a change past the dead band.
+			// A Service with fewer than three pods of narrow readings never
+			// measures the noise (measureNoise): counted as changes, every
+			// jump of its readings past the prior's 1% kept the dead band
+			// off for the filter's memory, and refinements of a few percent
+			// were written long after the weights had settled.
+			st.speed.changed = false
+		}
 	}
 	if !keepNoise && started == 0 {
 		e.measureNoise(residuals)

@@ -343,3 +343,46 @@ func TestCoresJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 		t.Errorf("a jump of 40%% judged against the snapshot's 2%% noise is not a change")
 	}
 }
+
+// A speed jump judged against the prior's noise, before any cycle measured
+// the readings' noise, restarts the estimate but is no change to follow
+// past the dead band; once a cycle has measured it (or a snapshot brought
+// it), the same jump is one. Two pods never measure it (measureNoise needs
+// three narrow readings), so without the rule every jump of their readings
+// past a percent kept the dead band off for the filter's memory.
+func TestSpeedJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
+	set := []Pod{{Name: "a"}, {Name: "p"}}
+	run := func(e *Engine) *podState {
+		at := func(p float64) *cycleReadings {
+			c := &cycleReadings{pods: make([]reading, len(set))}
+			for i := range c.pods {
+				c.pods[i].speed.ok = true
+			}
+			c.pods[1].speed.lo, c.pods[1].speed.hi = p, p
+			return c
+		}
+		for range 4 {
+			e.estimate(set, at(0), true)
+		}
+		e.estimate(set, at(0.3), true) // 35% faster in one reading
+		return e.pods["p"]
+	}
+	e := New(DefaultParams())
+	st := run(e)
+	if e.noiseCycles != 0 {
+		t.Fatalf("two pods measured the noise (%d cycles): no test", e.noiseCycles)
+	}
+	if gap := st.speed.m - e.pods["a"].speed.m; gap < 0.25 {
+		t.Fatalf("a jump of 0.3 (log) left the estimate %.3f above its peer's, want it restarted at the reading", gap)
+	}
+	if st.speed.changed || e.followingChange(set) {
+		t.Errorf("a jump judged against the prior's noise is followed as a change (changed %v)", st.speed.changed)
+	}
+
+	e = New(DefaultParams())
+	e.noiseCycles = 1 // the same 1%, measured by a cycle (or a snapshot's)
+	st = run(e)
+	if !st.speed.changed || !e.followingChange(set) {
+		t.Errorf("a jump of 0.3 (log) against a measured 1%% noise is not followed as a change (%.3f above its peer)", st.speed.m-e.pods["a"].speed.m)
+	}
+}
