@@ -258,14 +258,7 @@ func TestCeilingReadingJudgedByItsOwnScatter(t *testing.T) {
 func TestFirstSpeedReadingsAreRestatedInTheMeasuredNoise(t *testing.T) {
 	e := New(DefaultParams())
 	set := []Pod{{Name: "a"}, {Name: "b"}, {Name: "c"}, {Name: "d"}, {Name: "p"}}
-	at := func(p float64) *cycleReadings {
-		c := &cycleReadings{pods: make([]reading, len(set))}
-		for i := range c.pods {
-			c.pods[i].speed.ok = true
-		}
-		c.pods[4].speed.lo, c.pods[4].speed.hi = p, p
-		return c
-	}
+	at := func(p float64) *cycleReadings { return speedReadings(len(set), 4, p) }
 	e.estimate(set, at(0.15), true) // 15% high: one draw of a noisy reading
 	e.noise = 0.09                  // the readings' noise, measured by the next cycles
 	for _, p := range []float64{0.08, -0.1, 0.05, -0.07, 0.1, -0.06, 0.02, -0.03} {
@@ -353,14 +346,7 @@ func TestCoresJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 func TestSpeedJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 	set := []Pod{{Name: "a"}, {Name: "p"}}
 	run := func(e *Engine) *podState {
-		at := func(p float64) *cycleReadings {
-			c := &cycleReadings{pods: make([]reading, len(set))}
-			for i := range c.pods {
-				c.pods[i].speed.ok = true
-			}
-			c.pods[1].speed.lo, c.pods[1].speed.hi = p, p
-			return c
-		}
+		at := func(p float64) *cycleReadings { return speedReadings(len(set), 1, p) }
 		for range 4 {
 			e.estimate(set, at(0), true)
 		}
@@ -385,4 +371,15 @@ func TestSpeedJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 	if !st.speed.changed || !e.followingChange(set) {
 		t.Errorf("a jump of 0.3 (log) against a measured 1%% noise is not followed as a change (%.3f above its peer)", st.speed.m-e.pods["a"].speed.m)
 	}
+}
+
+// speedReadings is a cycle's readings for n pods, each with a speed
+// reading of 0 (log) but pod i's, at p.
+func speedReadings(n, i int, p float64) *cycleReadings {
+	c := &cycleReadings{pods: make([]reading, n)}
+	for k := range c.pods {
+		c.pods[k].speed.ok = true
+	}
+	c.pods[i].speed.lo, c.pods[i].speed.hi = p, p
+	return c
 }
