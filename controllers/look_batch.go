@@ -17,8 +17,8 @@ import (
 // the looks due at one instant are answered by one call to the metrics
 // source (lookBatches), which combines them into as few requests as fit
 // (promsource.Source.QueryParts). A thousand optimizers that each look
-// every 5 s then cost the backend a few requests every 5 s, not two
-// hundred a second.
+// once a scrape interval (15 s by default) then cost the backend a few
+// requests every 15 s, not nearly seventy a second.
 
 // lookInstant is the shared instant of a look the policy has due at due:
 // the multiple of the look interval iv at or before due, so the look runs

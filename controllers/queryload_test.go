@@ -28,9 +28,9 @@ import (
 )
 
 // queryRateTarget is issue 27's bound on the metrics backend's load: at
-// the defaults (a cycle every 30 s, looks every 5 s under ROUND_ROBIN) at
-// most 0.1 queries per second per optimizer, so 1000 opted-in Services
-// cost the backend at most 100 queries a second.
+// the defaults (a cycle every 30 s, under ROUND_ROBIN a look every scrape
+// interval of 15 s) at most 0.1 queries per second per optimizer, so 1000
+// opted-in Services cost the backend at most 100 queries a second.
 const queryRateTarget = 0.1
 
 // TestQueryLoadAtScale runs the weight loop of 1000 optimizers (3 pods

@@ -103,7 +103,7 @@ type Config struct {
 }
 
 // minLookInterval bounds the looks' rate whatever scrape interval is set (a
-// typo of 15ms for 15s would otherwise send a query every 5ms).
+// typo of 15ms for 15s would otherwise send a query every 15ms).
 const minLookInterval = time.Second
 
 // LookInterval is the look period for a scrape interval: one look per
@@ -271,7 +271,7 @@ func (p *Policy) Configure(now time.Time, cfg Config) {
 // weights (then they are only a start, as without a snapshot), and the
 // live load balancer is kept until the first cycle; one the earlier manager
 // chose after it had learned (ReasonAlarm, ReasonUnsettled,
-// ReasonCPUAtLimit) is kept as it would have kept it: a spell ends once the
+// ReasonCPUAtLimit, ReasonAtCapacity) is kept as it would have kept it: a spell ends once the
 // results have been Learned for a query window, CPUAtLimit once request
 // rates measure the speeds. Without them the pods carried equal traffic
 // under Istio's default LEAST_REQUEST, and that is the history the engine
@@ -428,7 +428,8 @@ func (p *Policy) LookWanted() bool { return p.optedIn && p.lookWanted() }
 
 // lookWanted: looks are on, ROUND_ROBIN is live (under LEAST_REQUEST the
 // clients steer around a queue within a request) and the engine's alarm
-// can ring (its last result was Learned on fresh data).
+// can ring (its last result was Learned or Doubtful on fresh data, see
+// weights.Engine.Alarming).
 func (p *Policy) lookWanted() bool {
 	return p.cfg.LookInterval > 0 && p.balancer == weights.BalancerRoundRobin && p.eng.Alarming()
 }
@@ -550,7 +551,7 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 		// for a second reading raised the p99 after a slowdown by two
 		// fifths (median of 16 runs; the worst run from under 0.3 s to
 		// 20 s), while with ROUND_ROBIN alone the cut, halved each write
-		// by MaxStep, left it at 16.5 s (docs/troubleshooting.md).
+		// by MaxStep, left it at 16.5 s.
 		lb, why = weights.BalancerLeastRequest, ReasonUnsettled
 		if alarmed || p.why == ReasonAlarm {
 			why = ReasonAlarm

@@ -247,7 +247,7 @@ func (e *Engine) balancerOr(balancer Balancer) Balancer {
 // weights under the balancer the caller says ran (see
 // Observation.Balancer): ROUND_ROBIN over weights that are live.
 func (e *Engine) followsWeights(balancer Balancer) bool {
-	return e.balancerOr(balancer) == BalancerRoundRobin && e.liveKnown && !e.unapplied
+	return e.balancerOr(balancer) == BalancerRoundRobin && e.live != nil && !e.unapplied
 }
 
 // alarmed reports whether a latency at ratio times the reference is past
@@ -290,8 +290,8 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 		return
 	case keptUpWith(r, st):
 		st.latency, st.provisional, st.latencyUnder = r.latency, time.Time{}, under
-		if r.recentLatency > 0 {
-			st.latencyRatios = appendCapped(st.latencyRatios, math.Log(r.recentLatency/r.latency), 16) // enough for a robust median, recent enough to follow the pod
+		if l := math.Log(r.recentLatency / r.latency); r.recentLatency > 0 && !math.IsInf(l, 0) {
+			st.latencyRatios = appendCapped(st.latencyRatios, l, 16) // enough for a robust median, recent enough to follow the pod
 		}
 		if l := math.Log(r.served); r.sent > 0 && r.served > 0 && !math.IsInf(l, 0) {
 			st.servedRatios = appendCapped(st.servedRatios, l, 16) // as latencyRatios

@@ -33,7 +33,8 @@ type Params struct {
 	// Expiry: after the last good observation, failed queries hold the last
 	// weights this long, then weights fall back to equal.
 	Expiry time.Duration
-	// PoolByHardware shares capacity estimates between pods of one HardwareClass.
+	// PoolByHardware: a pod without an estimate of its own starts from the
+	// mean speed per core of the pods of its HardwareClass.
 	PoolByHardware bool
 	// Retired holds settings whose engine meaning is gone; they are
 	// accepted and have no effect.

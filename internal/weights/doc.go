@@ -70,7 +70,8 @@
 //     and sums per locality below 2^32-1.
 //
 // Result.Learned says the estimates are confident (their standard
-// deviation within the dead band) for the pods carrying all the traffic
+// deviation within the dead band, or the readings' noise where that is
+// larger) for the pods carrying all the traffic
 // but what the cap's headroom could absorb (1-maxUtilisation, 7%), and no
 // pod is behind (a no-limit pod's cores resting on one reading are not yet
 // confident): until then the operator keeps

@@ -17,10 +17,8 @@ type Engine struct {
 	history timeline
 	// live is what Envoy has now, as told by Seed or Applied. Until either is
 	// called (dry run) the last computed weights stand in for it.
-	live      map[string]uint32
-	liveAt    time.Time
-	liveKnown bool
-	last      map[string]uint32
+	live map[string]uint32
+	last map[string]uint32
 	// unapplied: the last weights computed differ from the live ones and
 	// were not applied since (dry run, or a failed write).
 	unapplied bool
@@ -179,7 +177,7 @@ func (e *Engine) seed(now time.Time, w map[string]uint32, variance float64) {
 	e.start(now)
 	clean := cleanWeights(w)
 	e.history.reset(now, clean)
-	e.live, e.liveAt, e.liveKnown = clean, now, true
+	e.live = clean
 	e.unapplied = false
 	if e.appliedSince.IsZero() {
 		e.appliedSince = now.Add(-e.params.horizon())
@@ -206,7 +204,7 @@ func (e *Engine) Applied(now time.Time, w map[string]uint32) {
 	clean := cleanWeights(w)
 	e.history.record(now, clean, max(time.Second, e.params.horizon()/128))
 	e.history.prune(now.Add(-e.params.horizon() - time.Second))
-	e.live, e.liveAt, e.liveKnown = clean, now, true
+	e.live = clean
 	if e.appliedSince.IsZero() {
 		e.appliedSince = now
 	}
@@ -248,7 +246,7 @@ func (e *Engine) holdProposal(now time.Time, set []Pod) []float64 {
 // reference is what the weights are compared against: the live weights,
 // or in dry run (nothing ever applied) the last computed ones.
 func (e *Engine) reference() map[string]uint32 {
-	if e.liveKnown {
+	if e.live != nil {
 		return e.live
 	}
 	return e.last

@@ -25,10 +25,14 @@ type filter struct {
 	known bool
 	// changed: the filter restarted on a change the data showed (a jump,
 	// a CUSUM or a censored reading's backoff), not on its first reading,
-	// nor (cores) on a jump judged against a noise not yet measured (see
-	// updateCores).
-	changed  bool
-	n        int     // readings taken since the last restart
+	// nor on a jump judged against a noise not yet measured (see
+	// updateCores for cores, estimate for speed).
+	changed bool
+	// n counts the narrow readings (narrower than the noise) since the
+	// last restart: 1 after a jump's, 0 after a censored reading's
+	// backoff; a settled seed starts at the filter's memory.
+	n int
+
 	up, down float64 // the CUSUM of innovations above and below, in sds
 }
 
@@ -570,16 +574,16 @@ type podModel struct {
 // speed, and the median cores of the pods with cores known.
 func (e *Engine) models(set []Pod) []podModel {
 	out := make([]podModel, len(set))
-	var speeds, cores []float64
+	var cores []float64
 	for _, pod := range set {
-		if st := e.pods[pod.Name]; st != nil && st.speed.known {
-			speeds = append(speeds, st.speed.m)
-		}
 		if c := e.coresOf(pod); c > 0 {
 			cores = append(cores, c)
 		}
 	}
-	typicalSpeed, typicalCores := median(speeds), median(cores)
+	typicalSpeed, typicalCores := 0.0, median(cores) // 0: the speeds' scale, when no pod has one
+	if t := e.typicalSpeed(set); t != nil {
+		typicalSpeed = *t
+	}
 	coresKnown := typicalCores > 0
 	if !coresKnown {
 		typicalCores = 1

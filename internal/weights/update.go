@@ -45,7 +45,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		}
 	}
 	for i, d := range readRecentCPU(&c, prior) {
-		if !math.IsNaN(d) {
+		if !math.IsNaN(d) && !math.IsInf(d, 0) {
 			st := e.state(set[i].Name)
 			st.recentRatios = appendCapped(st.recentRatios, d, e.params.memory())
 		}
@@ -431,14 +431,17 @@ func (e *Engine) coresShare(pod Pod, st *podState) float64 {
 
 // totalLoad is the Service's offered work in the speeds of models (busy
 // cores times speed per core): what the pods with data did, scaled up by
-// the reference share of those without; 0 when nothing measures it.
+// the reference share of those without; 0 when nothing measures it (or
+// the figure is not finite: the load's filter would keep a NaN for good).
 func totalLoad(c *cycleReadings, models []podModel, noDataShare float64) float64 {
 	perCore := make([]float64, len(models))
 	for i, m := range models {
 		perCore[i] = m.v
 	}
 	if seen := offeredLoad(c, perCore); seen > 0 && noDataShare < 1 {
-		return seen / (1 - noDataShare)
+		if total := seen / (1 - noDataShare); !math.IsInf(total, 0) {
+			return total
+		}
 	}
 	return 0
 }
@@ -540,7 +543,7 @@ func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed
 
 // learned reports Result.Learned: the pods whose capacity's standard
 // deviation is within the dead band (the estimate is as good as a write
-// is worth) carry all the traffic but what the cap's headroom could absorb
+// is worth), or within the readings' noise where that is larger, carry all the traffic but what the cap's headroom could absorb
 // (1-maxUtilisation: were the rest misplaced entirely, the other pods would
 // take it within the room the cap keeps on them; the larger of the unsure
 // pods' share of the live and of the new weights), and no pod has a
