@@ -163,8 +163,8 @@ func withWeights(eps []desired.Endpoint, w map[string]uint32) []desired.Endpoint
 }
 
 // By default (ROUND_ROBIN, the default queries, 15 s scrapes) the look
-// between cycles runs once a scrape interval, every 15 s; it does not where it would not help or
-// could not run.
+// between cycles runs once a scrape interval, every 15 s; it does not
+// where it would not help or could not run.
 func TestProbeIntervalFollowsTheSpec(t *testing.T) {
 	d := DefaultEngineDefaults()
 	cases := []struct {

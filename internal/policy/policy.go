@@ -271,9 +271,10 @@ func (p *Policy) Configure(now time.Time, cfg Config) {
 // weights (then they are only a start, as without a snapshot), and the
 // live load balancer is kept until the first cycle; one the earlier manager
 // chose after it had learned (ReasonAlarm, ReasonUnsettled,
-// ReasonCPUAtLimit, ReasonAtCapacity) is kept as it would have kept it: a spell ends once the
-// results have been Learned for a query window, CPUAtLimit once request
-// rates measure the speeds. Without them the pods carried equal traffic
+// ReasonCPUAtLimit, ReasonAtCapacity) is kept as it would have kept it: a
+// spell ends once the results have been Learned for a query window,
+// CPUAtLimit once request rates measure the speeds, AtCapacity once the
+// load has been below the cap for a query window. Without them the pods carried equal traffic
 // under Istio's default LEAST_REQUEST, and that is the history the engine
 // gets. The first cycle is due at once. OptIn with no pods does nothing and
 // returns false (the caller tries again when there are pods); after a

@@ -290,7 +290,7 @@ func (st *podState) noteLatency(r reading, usual float64, now time.Time, window 
 		return
 	case keptUpWith(r, st):
 		st.latency, st.provisional, st.latencyUnder = r.latency, time.Time{}, under
-		if l := math.Log(r.recentLatency / r.latency); r.recentLatency > 0 && !math.IsInf(l, 0) {
+		if l := math.Log(r.recentLatency / r.latency); r.recentLatency > 0 && !math.IsInf(l, 0) && !math.IsNaN(l) {
 			st.latencyRatios = appendCapped(st.latencyRatios, l, 16) // enough for a robust median, recent enough to follow the pod
 		}
 		if l := math.Log(r.served); r.sent > 0 && r.served > 0 && !math.IsInf(l, 0) {

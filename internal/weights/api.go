@@ -34,7 +34,8 @@ type Params struct {
 	// weights this long, then weights fall back to equal.
 	Expiry time.Duration
 	// PoolByHardware: a pod without an estimate of its own starts from the
-	// mean speed per core of the pods of its HardwareClass.
+	// speed per core of the pods of its HardwareClass (their mean log
+	// speed: a geometric mean).
 	PoolByHardware bool
 	// Retired holds settings whose engine meaning is gone; they are
 	// accepted and have no effect.

@@ -26,7 +26,7 @@ type Snapshot struct {
 // Snapshot returns the engine's learned noise. Zero (Valid false) before
 // the engine measured any.
 func (e *Engine) Snapshot() Snapshot {
-	if e.noiseCycles == 0 {
+	if e.speedNoiseUnmeasured() {
 		return Snapshot{}
 	}
 	var spreads []float64

@@ -543,7 +543,8 @@ func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed
 
 // learned reports Result.Learned: the pods whose capacity's standard
 // deviation is within the dead band (the estimate is as good as a write
-// is worth), or within the readings' noise where that is larger, carry all the traffic but what the cap's headroom could absorb
+// is worth), or within the readings' noise where that is larger, carry
+// all the traffic but what the cap's headroom could absorb
 // (1-maxUtilisation: were the rest misplaced entirely, the other pods would
 // take it within the room the cap keeps on them; the larger of the unsure
 // pods' share of the live and of the new weights), and no pod has a
