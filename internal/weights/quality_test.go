@@ -32,6 +32,23 @@ func runUntilWithin(l *closedLoop, maxCycles int, within float64) int {
 	return -1
 }
 
+// slowAndRecover runs the loop 10 cycles, slows its first pod to a third,
+// runs until the weights track it within trackedWithin (at most 12
+// cycles), runs 10 more, restores the pod, and runs until they track it
+// again: the cycles each took, -1 for never.
+func slowAndRecover(l *closedLoop) (slowed, recovered int) {
+	for range 10 {
+		l.step()
+	}
+	l.speed[0] /= 3
+	slowed = runUntilWithin(l, 12, trackedWithin)
+	for range 10 {
+		l.step()
+	}
+	l.speed[0] *= 3
+	return slowed, runUntilWithin(l, 12, trackedWithin)
+}
+
 // phases are offsets of the scrape schedule against the query schedule:
 // which samples a rate() sees, and how stale the newest one is, depends
 // on them.
@@ -195,16 +212,7 @@ func TestFollowsAPodThatSlowsDown(t *testing.T) {
 	for name, tc := range tests {
 		for _, phase := range phases {
 			l := newClosedLoop(t, loopConfig{speeds: hetero12(), load: 0.8, phase: phase, useRequests: tc.useRequests, knownCores: true})
-			for range 10 {
-				l.step()
-			}
-			l.speed[0] /= 3
-			slowed := runUntilWithin(l, 12, trackedWithin)
-			for range 10 {
-				l.step()
-			}
-			l.speed[0] *= 3
-			recovered := runUntilWithin(l, 12, trackedWithin)
+			slowed, recovered := slowAndRecover(l)
 			t.Logf("%s, phase %v: within 7.5%% %d cycles after a pod slowed to a third, %d after it recovered",
 				name, phase, slowed, recovered)
 			if slowed < 0 || slowed > tc.maxCycles || recovered < 0 || recovered > tc.maxCycles {
@@ -226,16 +234,7 @@ func TestTwoPodsFollowASlowdown(t *testing.T) {
 	const maxCycles = 8
 	for _, phase := range phases {
 		l := newClosedLoop(t, loopConfig{speeds: []float64{1, 0.6}, load: 0.8, phase: phase, useRequests: true, knownCores: true})
-		for range 10 {
-			l.step()
-		}
-		l.speed[0] /= 3
-		slowed := runUntilWithin(l, 12, trackedWithin)
-		for range 10 {
-			l.step()
-		}
-		l.speed[0] *= 3
-		recovered := runUntilWithin(l, 12, trackedWithin)
+		slowed, recovered := slowAndRecover(l)
 		t.Logf("phase %v: within 7.5%% %d cycles after a pod slowed to a third, %d after it recovered (noise measured in %d cycles)",
 			phase, slowed, recovered, l.engine.noiseCycles)
 		if slowed < 0 || slowed > maxCycles || recovered < 0 || recovered > maxCycles {
