@@ -274,9 +274,9 @@ func (p *Policy) Configure(now time.Time, cfg Config) {
 // ReasonCPUAtLimit, ReasonAtCapacity) is kept as it would have kept it: a
 // spell ends once the results have been Learned for a query window,
 // CPUAtLimit once request rates measure the speeds, AtCapacity once the
-// load has been below the cap for a query window. Without them the pods carried equal traffic
-// under Istio's default LEAST_REQUEST, and that is the history the engine
-// gets. The first cycle is due at once. OptIn with no pods does nothing and
+// load has been below the cap for a query window. Without them the pods
+// carried equal traffic under Istio's default LEAST_REQUEST, and that is
+// the history the engine gets. The first cycle is due at once. OptIn with no pods does nothing and
 // returns false (the caller tries again when there are pods); after a
 // successful OptIn it does nothing.
 func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32, liveBalancer weights.Balancer, liveWhy Reason, snap weights.Snapshot) bool {

@@ -26,7 +26,7 @@ type filter struct {
 	// changed: the filter restarted on a change the data showed (a jump,
 	// a CUSUM or a censored reading's backoff), not on its first reading,
 	// nor on a restart judged against a noise not yet measured (see
-	// updateCores for cores, estimate for speed).
+	// update).
 	changed bool
 	// n counts the narrow readings (narrower than the noise) since the
 	// last restart: 1 after a jump's, 0 after a censored reading's
@@ -72,8 +72,12 @@ func (p Params) processVariance() float64 {
 // bounded reading (one clamped at a bound, whose distance from the
 // estimate is the bound's noise, not a measurement's) is folded in but
 // neither restarts the filter nor counts toward the CUSUM: only a
-// measurement can show a change.
-func (f *filter) update(lo, hi, r, corr float64, p Params, bounded bool) bool {
+// measurement can show a change. A restart is marked changed only when r
+// was measured (measured): a jump judged against a noise nobody measured
+// may be that noise, so the estimate moves, but it is not followed as a
+// change past the dead band (see followingChange), and the publish bar
+// judges it as an estimate only begun (see models).
+func (f *filter) update(lo, hi, r, corr float64, p Params, bounded, measured bool) bool {
 	if !f.known {
 		f.m, f.v, f.known, f.n = (lo+hi)/2, r+sq((hi-lo)/2), true, 1
 		return false
@@ -87,7 +91,7 @@ func (f *filter) update(lo, hi, r, corr float64, p Params, bounded bool) bool {
 		f.up = max(0, f.up+zc-1)
 		f.down = max(0, f.down-zc-1)
 		if math.Abs(z) > 2*zSigmas || f.up > 2*zSigmas || f.down > 2*zSigmas {
-			f.m, f.v, f.n, f.up, f.down, f.changed = f.m+innov, r, 1, 0, 0, true
+			f.m, f.v, f.n, f.up, f.down, f.changed = f.m+innov, r, 1, 0, 0, measured
 			return true
 		}
 	}
@@ -217,22 +221,16 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 			d := min(max(st.speed.m, lo), hi) - st.speed.m
 			residuals = append(residuals, d*d)
 		}
-		if st.speed.update(lo, hi, r, e.overlapInflation(), e.params, false) && e.speedNoiseUnmeasured() {
-			// As for cores (updateCores): a restart (a jump or a CUSUM)
-			// judged against the prior's noise, before any cycle (or a
-			// snapshot) measured the readings', may be that noise. The
-			// estimate restarts at the reading, but is not followed as a
-			// change: the dead band holds, and the publish bar judges it
-			// as an estimate only begun (see models), not a change shown.
-			// A Service with fewer than three pods of narrow readings never
-			// measures the noise (measureNoise): counted as changes, its
-			// readings' restarts kept the dead band off for the filter's
-			// memory, and refinements of a few percent were written long
-			// after the weights had settled. The price is there too: a
-			// two-pod Service follows a real slowdown in up to 7 cycles
-			// instead of 5 (TestTwoPodsFollowASlowdown).
-			st.speed.changed = false
-		}
+		// The readings' noise is measured once a cycle (or a snapshot)
+		// has: a restart before then is no change to follow (see update).
+		// A Service with fewer than three pods of narrow readings never
+		// measures it (measureNoise): counted as changes, its readings'
+		// restarts kept the dead band off for the filter's memory, and
+		// refinements of a few percent were written long after the
+		// weights had settled. The price: a two-pod Service follows a real
+		// slowdown in up to 7 cycles instead of 5
+		// (TestTwoPodsFollowASlowdown).
+		st.speed.update(lo, hi, r, e.overlapInflation(), e.params, false, !e.speedNoiseUnmeasured())
 	}
 	if !keepNoise && started == 0 {
 		e.measureNoise(residuals)
@@ -375,21 +373,15 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		// settling went from 17 to 10, the median p99 at 90% load fell
 		// 3.6%, and on CPU alone on a 1-2-4-8-core mix by a quarter.
 		st.cores.restate(noise, &st.coresR, len(st.coresResiduals) < e.params.memory())
-		restarted := st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded)
-		if restarted && e.coresNoiseUnmeasured(st) {
-			// A jump judged against a noise nobody has measured for this
-			// pod's cores may be that noise rather than a change: the
-			// estimate moves, but it is not followed as a change past the
-			// dead band (see followingChange). Counted as one, every
-			// no-limit pod's second reading at opt-in (and a pod's on a
-			// new node) kept the dead band off for the filter's whole
-			// memory, and refinements of a few percent were written ten
-			// minutes on. Three residuals end it, as they start the
-			// spread; a spread measured from so few can still be small
-			// by chance (see coresReadingVar), and a jump judged by it
-			// then is followed.
-			st.cores.changed = false
-		}
+		// The pod's cores noise is measured once it has its own spread
+		// or a snapshot's (see update). Counted as changes, every no-limit
+		// pod's second reading at opt-in (and a pod's on a new node) kept
+		// the dead band off for the filter's whole memory, and
+		// refinements of a few percent were written ten minutes on. Three
+		// residuals end it, as they start the spread; a spread measured
+		// from so few can still be small by chance (see coresReadingVar),
+		// and a jump judged by it then is followed.
+		restarted := st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded, !e.coresNoiseUnmeasured(st))
 		if !known && st.coresSettled {
 			st.cores.v, st.cores.n = e.params.Smoothing*r, e.params.memory()
 		}

@@ -54,7 +54,7 @@ func TestBoundedReadingDoesNotRestartAlone(t *testing.T) {
 	settled := filter{m: 0, v: p.Smoothing * r, known: true, n: 20}
 	for _, bounded := range []bool{false, true} {
 		f := settled
-		restarted := f.update(-0.15, -0.15, r, 1, p, bounded)
+		restarted := f.update(-0.15, -0.15, r, 1, p, bounded, true)
 		if restarted == bounded {
 			t.Errorf("bounded %v: restarted %v", bounded, restarted)
 		}
@@ -182,12 +182,12 @@ func TestOneCoresReadingIsNotConfidence(t *testing.T) {
 	st.coresNode = pod.Node
 	r := e.noise * e.noise
 	st.cores = filter{}
-	st.cores.update(math.Log(2), math.Log(2), r, 1, e.params, false)
+	st.cores.update(math.Log(2), math.Log(2), r, 1, e.params, false, true)
 	one := e.models([]Pod{pod})[0]
 	if math.Sqrt(one.logVar) <= e.params.DeadBand {
 		t.Errorf("one cores reading: sd %.4f within the dead band %.2f", math.Sqrt(one.logVar), e.params.DeadBand)
 	}
-	st.cores.update(math.Log(2), math.Log(2), r, 1, e.params, false)
+	st.cores.update(math.Log(2), math.Log(2), r, 1, e.params, false, true)
 	two := e.models([]Pod{pod})[0]
 	if math.Sqrt(two.logVar) > e.params.DeadBand {
 		t.Errorf("two cores readings: sd %.4f past the dead band %.2f", math.Sqrt(two.logVar), e.params.DeadBand)
