@@ -45,15 +45,26 @@ type decidePod struct {
 // Split is the promise solved on known capacities: the traffic the engine's
 // solver gives pods of cores[i] cores of speed speeds[i] per core (any
 // consistent unit) at a total load in the same unit (busy cores times
-// speed), as shares that sum to 1. It is what the engine converges to when
-// its estimates are right, and what a benchmark's oracle of the best static
-// weights or a test compares with. Pods with no valid cores or speed get 0.
+// speed), as shares that sum to 1, with no bound on how little a pod gets:
+// what a benchmark's oracle of the best static weights or a test compares
+// with. Pods with no valid cores or speed get 0.
 func Split(cores, speeds []float64, load float64) []float64 {
 	pods := make([]decidePod, len(cores))
 	for i := range pods {
 		pods[i] = decidePod{c: cores[i], v: speeds[i], upper: math.Inf(1)}
 	}
 	return normalized(solve(pods, load))
+}
+
+// SplitWithin is Split kept within ratio of the mean share, as the engine
+// keeps the weights it publishes (Params.MaxRatio): what the engine
+// converges to when its estimates are right. Split's gap to it is the
+// bound's price; the engine's gap to it is what the estimates cost. Pods
+// with no valid cores or speed get the least share the ratio allows.
+func SplitWithin(cores, speeds []float64, load, ratio float64) []float64 {
+	x := Split(cores, speeds, load)
+	clampRatio(x, ratio)
+	return normalized(x)
 }
 
 // solve returns each pod's traffic for a total load. Pods with no valid

@@ -234,18 +234,15 @@ func (l *closedLoop) shareError() float64 {
 // wantShares is the share each pod should carry (see shareError), floored
 // at the MaxRatio bound as the engine's weights are.
 func (l *closedLoop) wantShares() []float64 {
-	x := make([]float64, len(l.pods))
 	if l.pods[0].Cores > 0 {
-		dp := make([]decidePod, len(l.pods))
-		capacity := 0.0
-		for i := range l.pods {
-			dp[i] = decidePod{c: l.cores, v: l.speed[i], upper: math.Inf(1)}
-			capacity += l.cores * l.speed[i]
+		cores := make([]float64, len(l.pods))
+		for i := range cores {
+			cores[i] = l.cores
 		}
-		x = solve(dp, l.offered*l.work)
-	} else {
-		copy(x, l.speed)
+		return SplitWithin(cores, l.speed, l.offered*l.work, l.engine.params.MaxRatio)
 	}
+	x := make([]float64, len(l.pods))
+	copy(x, l.speed)
 	p := l.engine.params.proposalFrom(l.now, l.pods, x)
 	sum := 0.0
 	for _, v := range p {

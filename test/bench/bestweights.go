@@ -19,8 +19,9 @@ import (
 // is found by bisection.
 //
 // The oracle runs the engine's own solver (weights.Split) on the true
-// capacities and load, so the gap between it and the optimizer is what the
-// estimates cost. bestSplit below solves the same problem with the exact
+// capacities and load. The engine also keeps every weight within MaxRatio
+// of the mean, so a second oracle (oracle_bounded) bounds the same answer
+// as the engine does: the optimizer's gap to it is what the estimates cost. bestSplit below solves the same problem with the exact
 // Erlang C wait instead of the engine's approximation; the tests check
 // that the engine's answer costs within a percent of the exact one.
 
@@ -126,14 +127,23 @@ func bestSplit(c []int, mu []float64, lambda float64) []float64 {
 
 // bestWeights are the best static weights: the bound on what weights
 // alone can do, given perfect knowledge (see staticCtl).
-func bestWeights(s *sim) []float64 {
+func bestWeights(s *sim) []float64 { return bestWeightsWithin(s, math.Inf(1)) }
+
+// boundedWeights are the best static weights within the ratio of the mean
+// the optimizer's engine keeps its weights in (Params.MaxRatio): what the
+// engine converges to when its estimates are right, so that the optimizer's
+// gap to them is what the estimates cost and theirs to bestWeights is the
+// bound's.
+func boundedWeights(s *sim) []float64 { return bestWeightsWithin(s, benchEngineParams().MaxRatio) }
+
+func bestWeightsWithin(s *sim, ratio float64) []float64 {
 	c := make([]float64, len(s.hosts))
 	mu := make([]float64, len(s.hosts))
 	for i, h := range s.hosts {
 		c[i] = float64(s.pods[h].cores)
 		mu[i] = s.pods[h].speed / s.workMean
 	}
-	x := weights.Split(c, mu, s.lambdaC*float64(len(s.clients)))
+	x := weights.SplitWithin(c, mu, s.lambdaC*float64(len(s.clients)), ratio)
 	mean := 0.0
 	for _, v := range x {
 		mean += v / float64(len(x))

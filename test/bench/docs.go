@@ -26,7 +26,7 @@ var docsTemplate string
 // docsStrategies are the strategies the documentation tables show, in
 // column order: Istio's default and Envoy's adaptive balancer, the anchors,
 // the oracles, and the operator's three modes.
-var docsStrategies = []string{"lr", "cswrr", "linkerd", "prequal", "wrr_oracle", "oracle_best", "optimizer", "optimizer_lr", "optimizer_cpu"}
+var docsStrategies = []string{"lr", "cswrr", "linkerd", "prequal", "wrr_oracle", "oracle_best", "oracle_bounded", "optimizer", "optimizer_lr", "optimizer_cpu"}
 
 // readmeScenarios are the scenarios of the README's table, in row order,
 // with what each shows.
@@ -47,6 +47,7 @@ var readmeStrategies = []struct{ name, title string }{
 	{"linkerd", "Linkerd"},
 	{"prequal", "Prequal"},
 	{"oracle_best", "best static weights"},
+	{"oracle_bounded", "best within `max_weight_ratio`"},
 	{"optimizer", "**this operator**"},
 	{"optimizer_lr", "this operator, `LEAST_REQUEST`"},
 }

@@ -72,12 +72,9 @@ func simSeconds(t time.Time) float64 { return t.Sub(simEpoch).Seconds() }
 // roundRobin is the user's load_balancer ROUND_ROBIN (the default; under it
 // the operator looks between cycles), else LEAST_REQUEST.
 func newOptimizerCtl(sc *Scenario, cpuOnly, roundRobin bool) controller {
-	p := weights.DefaultParams()
+	p := benchEngineParams()
 	p.QueryWindow = sc.Prometheus.RateWindow.Duration
 	p.ScrapeInterval = sc.Prometheus.ScrapeInterval.Duration
-	if benchParams != nil {
-		benchParams(&p)
-	}
 	name := fmt.Sprintf("bench/%s-%d", sc.Name, sc.Seed)
 	cfg := policy.Config{Cycle: sc.Cycle.Duration, Engine: p, Balancer: weights.BalancerLeastRequest,
 		Jitter: policy.NewJitter(policy.JitterSeed(name))}
@@ -107,6 +104,15 @@ func (o *optimizerCtl) source(s *sim) driver.Source {
 
 // benchParams, when set (sensitivity runs), adjusts the engine's parameters.
 var benchParams func(*weights.Params)
+
+// benchEngineParams are the engine's defaults as benchParams adjusts them.
+func benchEngineParams() weights.Params {
+	p := weights.DefaultParams()
+	if benchParams != nil {
+		benchParams(&p)
+	}
+	return p
+}
 
 func (o *optimizerCtl) pods(s *sim) []weights.Pod {
 	out := make([]weights.Pod, 0, len(s.hosts))

@@ -206,7 +206,10 @@ without CPU limits, 20-95%% load, 4-256 client sidecars, light and
 heavy-tailed request times, two in five opted in on a live Service), and
 judged by the rules of the shipped scenarios' guard
 ([benchmarks.md](benchmarks.md), "Regression guard") without a baseline:
-the median p99 within 1.1x of the best static weights'; for a draw opted
+the median p99 within 1.1x of the best static weights' (` + "`oracle_best`" + `),
+and of the best the engine's weight bound allows (` + "`oracle_bounded`" + `: the
+same weights kept within ` + "`max_weight_ratio`" + ` of the mean, so that this
+rule measures what the estimates cost); for a draw opted
 in on a live Service (` + "`-cold`" + `), its p99 from the opt-in against the
 capacity oracle's and its worst minute against ` + "`lr`" + `'s. The second
 table counts the runs whose control plane was not calm. Another seed
@@ -218,8 +221,8 @@ a failed test. The kinds seen so far:
 
 - at low load, slow pods held at the least weight ` + "`max_weight_ratio`" + `
   allows (the mean over the ratio: a tenth of it by default)
-  where the best static weights send them nothing (` + "`go run ./test/bench --random 60 --seeds 1-8 --max-ratio 100`" + `
-  shows how much of a miss is that floor's);
+  where the best static weights send them nothing (the rule against
+  ` + "`oracle_bounded`" + ` shows how much of a miss is that floor's);
 - a pod smaller than that least weight: no weight the ratio allows serves
   it, and it is reported as ` + "`Degraded/WeightFloorOverload`" + `;
 - a Service where Envoy's least request beats any static weights, the

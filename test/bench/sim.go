@@ -34,6 +34,7 @@ const (
 	ctlNone ctlKind = iota
 	ctlOracle
 	ctlBest
+	ctlBounded
 	ctlCSWRR
 	ctlSeedDev
 	ctlSeedMain
@@ -55,6 +56,7 @@ var strategyDefs = []strategyDef{
 	{"wrr_oracle", lbWRR, ctlOracle, "Envoy weighted ROUND_ROBIN (EDF), weights = true capacity"},
 	{"wlr_oracle", lbWLR, ctlOracle, "Envoy weighted LEAST_REQUEST, weight/(active+1), weights = true capacity"},
 	{"oracle_best", lbWRR, ctlBest, "Envoy weighted ROUND_ROBIN, the best static weights: the promise solved with the true capacities and load (M/M/c cost per pod)"},
+	{"oracle_bounded", lbWRR, ctlBounded, "Envoy weighted ROUND_ROBIN, the best static weights kept within max_weight_ratio of the mean as the engine keeps its own: what the engine converges to with the true capacities and load"},
 	{"linkerd", lbPeakEWMA, ctlNone, "Linkerd's balancer per client: power of two choices over peak-EWMA latency x (requests in flight + 1)"},
 	{"prequal", lbPrequal, ctlNone, "Prequal per client: asynchronous probes of requests in flight and latency, hot-cold lexicographic pick"},
 	{"cswrr", lbWRR, ctlCSWRR, "Envoy client_side_weighted_round_robin, defaults, per-response backend reports"},
@@ -441,6 +443,8 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 		s.ctl = staticCtl{oracleWeights}
 	case ctlBest:
 		s.ctl = staticCtl{bestWeights}
+	case ctlBounded:
+		s.ctl = staticCtl{boundedWeights}
 	case ctlSeedDev:
 		s.ctl = &seedDevCtl{}
 		s.needProm = true
@@ -461,7 +465,7 @@ func newSim(sc *Scenario, def strategyDef) *sim {
 	switch def.ctl {
 	case ctlOptimizer, ctlOptimizerCPU, ctlOptimizerLR:
 		s.optIn = sc.OptIn.Seconds()
-	case ctlOracle, ctlBest:
+	case ctlOracle, ctlBest, ctlBounded:
 		// An oracle measured from opt-in starts where the optimizer
 		// does: from the queues Istio's default left (after a meltdown,
 		// its backlog), not from a Service that never had them.
