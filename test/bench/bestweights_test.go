@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
@@ -50,6 +51,44 @@ func TestEngineSplitNearExactOptimum(t *testing.T) {
 			if got > 1.01*best {
 				t.Errorf("%s at %.0f%%: the engine's split costs %s more than the exact optimum", name, 100*load, fmt.Sprintf("%.1f%%", 100*(got/best-1)))
 			}
+		}
+	}
+}
+
+// oracle_bounded is oracle_best within the engine's MaxRatio: at low load
+// on unlike speeds the best static weights starve the slow pods, and the
+// bounded ones hold them at the mean over the ratio, as the engine would;
+// benchParams' ratio (bench --max-ratio) is the one they keep.
+func TestBoundedOracleKeepsTheEnginesRatio(t *testing.T) {
+	sc := mustParse(t, `
+pods:
+  - {name: fast, count: 4, cores: 2, speed: 1.0}
+  - {name: slow, count: 4, cores: 2, speed: 0.35}
+clients: 4
+load: 0.2
+duration: 60s
+warmup: 0s
+work: {mean: 10ms}
+seed: 1
+`)
+	spread := func(w []float64) (lo, mean float64) {
+		lo = math.Inf(1)
+		for _, v := range w {
+			lo, mean = min(lo, v), mean+v/float64(len(w))
+		}
+		return lo, mean
+	}
+	def, _ := strategyByName("oracle_best")
+	s := newSim(sc, def)
+	if lo, mean := spread(bestWeights(s)); lo >= mean/10 {
+		t.Fatalf("oracle_best's least weight %.0f of a mean %.0f: the case needs a pod below a tenth of the mean", lo, mean)
+	}
+	for _, ratio := range []float64{10, 30} {
+		benchParams = func(p *weights.Params) { p.MaxRatio = ratio }
+		lo, mean := spread(boundedWeights(s))
+		benchParams = nil
+		if math.Abs(lo-mean/ratio) > 0.5 { // rounded to a whole weight
+			t.Errorf("ratio %v: oracle_bounded's least weight %.0f, want the mean %.0f over the ratio", ratio, lo, mean)
 		}
 	}
 }

@@ -25,8 +25,10 @@ var docsTemplate string
 
 // docsStrategies are the strategies the documentation tables show, in
 // column order: Istio's default and Envoy's adaptive balancer, the anchors,
-// the oracles, and the operator's three modes.
-var docsStrategies = []string{"lr", "cswrr", "linkerd", "prequal", "wrr_oracle", "oracle_best", "oracle_bounded", "optimizer", "optimizer_lr", "optimizer_cpu"}
+// the oracles, and the operator's three modes (oracle_bounded, which
+// differs from oracle_best only where the weight bound holds a pod, is in
+// the guard's table and the README's).
+var docsStrategies = []string{"lr", "cswrr", "linkerd", "prequal", "wrr_oracle", "oracle_best", "optimizer", "optimizer_lr", "optimizer_cpu"}
 
 // readmeScenarios are the scenarios of the README's table, in row order,
 // with what each shows.
