@@ -607,9 +607,11 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 		// cores least request does not quite honour the weights (it
 		// divides each by the requests in flight, which grow with a
 		// pod's busy cores), yet ROUND_ROBIN past the cap is worse there
-		// too: kept on ROUND_ROBIN whenever the cores differed, 6 of the
-		// 13 random draws at 90-95% load got a median p99 over 8 seeds
-		// 1.04-10x higher, and none lower.
+		// too: with the rule keeping ROUND_ROBIN whenever the pods'
+		// cores estimates differed, 6 of 13 Services drawn at random at
+		// 90-95% load (8 of make bench-random's 60, 5 drawn outside the
+		// repository) got a median p99 over 8 seeds 1.04-10x higher, and
+		// none lower.
 		lb, why = weights.BalancerLeastRequest, ReasonAtCapacity
 	}
 	p.setBalancer(now, lb, why)

@@ -59,9 +59,15 @@ func Split(cores, speeds []float64, load float64) []float64 {
 // SplitWithin is Split kept within ratio of the mean share, as the engine
 // keeps the weights it publishes (Params.MaxRatio): what the engine
 // converges to when its estimates are right. Split's gap to it is the
-// bound's price; the engine's gap to it is what the estimates cost. Pods
-// with no valid cores or speed get the least share the ratio allows.
+// bound's price; the engine's gap to it is what the estimates cost (and
+// the time it takes to learn them). It clamps Split as the engine does,
+// rather than solving again under the bound. Pods with no valid cores or
+// speed get the least share the ratio allows. A ratio of 1 or less (or
+// NaN) gives equal shares, +Inf Split's.
 func SplitWithin(cores, speeds []float64, load, ratio float64) []float64 {
+	if !(ratio >= 1) {
+		ratio = 1
+	}
 	x := Split(cores, speeds, load)
 	clampRatio(x, ratio)
 	return normalized(x)

@@ -20,10 +20,11 @@ import (
 //
 // The oracle runs the engine's own solver (weights.Split) on the true
 // capacities and load. The engine also keeps every weight within MaxRatio
-// of the mean, so a second oracle (oracle_bounded) bounds the same answer
-// as the engine does: the optimizer's gap to it is what the estimates cost. bestSplit below solves the same problem with the exact
-// Erlang C wait instead of the engine's approximation; the tests check
-// that the engine's answer costs within a percent of the exact one.
+// of the mean, so a second oracle (oracle_bounded) clamps the same answer
+// as the engine does: the optimizer's gap to it is what the estimates
+// cost. bestSplit below solves the same problem with the exact Erlang C
+// wait instead of the engine's approximation; the tests check that the
+// engine's answer costs within a percent of the exact one.
 
 // bestCap is the utilisation no pod is loaded past: the engine's cap
 // (internal/weights, maxUtilisation).

@@ -83,10 +83,10 @@ seed: 1
 	if lo, mean := spread(bestWeights(s)); lo >= mean/10 {
 		t.Fatalf("oracle_best's least weight %.0f of a mean %.0f: the case needs a pod below a tenth of the mean", lo, mean)
 	}
+	t.Cleanup(func() { benchParams = nil })
 	for _, ratio := range []float64{10, 30} {
 		benchParams = func(p *weights.Params) { p.MaxRatio = ratio }
 		lo, mean := spread(boundedWeights(s))
-		benchParams = nil
 		if math.Abs(lo-mean/ratio) > 0.5 { // rounded to a whole weight
 			t.Errorf("ratio %v: oracle_bounded's least weight %.0f, want the mean %.0f over the ratio", ratio, lo, mean)
 		}

@@ -49,7 +49,7 @@ var readmeStrategies = []struct{ name, title string }{
 	{"linkerd", "Linkerd"},
 	{"prequal", "Prequal"},
 	{"oracle_best", "best static weights"},
-	{"oracle_bounded", "best within `max_weight_ratio`"},
+	{"oracle_bounded", "best, clamped to `max_weight_ratio`"},
 	{"optimizer", "**this operator**"},
 	{"optimizer_lr", "this operator, `LEAST_REQUEST`"},
 }

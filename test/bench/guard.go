@@ -216,11 +216,11 @@ func (g GuardCheck) format(v float64) string {
 
 // guardStrategies are the strategies the guard needs on file.
 func guardStrategies(file string) []string {
-	s := []string{"optimizer", "oracle_best", "oracle_bounded"}
+	s := []string{"optimizer", "oracle_best"}
 	if isCold(file) {
-		s = append(s, "wrr_oracle", "lr")
+		return append(s, "wrr_oracle", "lr")
 	}
-	return s
+	return append(s, "oracle_bounded")
 }
 
 // Baseline is the optimizer's p99 per scenario and seed, recorded from an
@@ -276,6 +276,13 @@ func guardChecks(m *Matrix, base *Baseline) ([]GuardCheck, error) {
 		sc, err := LoadScenario(filepath.Join(m.Dir, f))
 		if err != nil {
 			return nil, err
+		}
+		for k, r := range m.Runs[f] {
+			for _, s := range guardStrategies(f) {
+				if _, ok := r[s]; !ok {
+					return nil, fmt.Errorf("%s on seed %d has no %s run (a matrix recorded before the guard needed it?): run it again", f, m.Seeds[k], s)
+				}
+			}
 		}
 		opt := m.values(f, p99Of("optimizer"))
 		if isCold(f) {

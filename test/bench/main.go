@@ -79,6 +79,11 @@ func main() {
 				p.MaxRatio = *maxRatio
 			}
 		}
+		// The engine would put a value out of range back to its default
+		// and run on that; the oracle bounded by it would not.
+		if err := benchEngineParams().Validate(); err != nil {
+			fatal(err)
+		}
 	}
 	if *markdown != "" {
 		ss, err := parseSeeds(*seeds)

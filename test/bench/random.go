@@ -207,9 +207,9 @@ heavy-tailed request times, two in five opted in on a live Service), and
 judged by the rules of the shipped scenarios' guard
 ([benchmarks.md](benchmarks.md), "Regression guard") without a baseline:
 the median p99 within 1.1x of the best static weights' (` + "`oracle_best`" + `),
-and of the best the engine's weight bound allows (` + "`oracle_bounded`" + `: the
-same weights kept within ` + "`max_weight_ratio`" + ` of the mean, so that this
-rule measures what the estimates cost); for a draw opted
+and of the same weights clamped to ` + "`max_weight_ratio`" + ` of the mean as the
+engine clamps its own (` + "`oracle_bounded`" + `, so that this rule measures what
+the estimates cost); for a draw opted
 in on a live Service (` + "`-cold`" + `), its p99 from the opt-in against the
 capacity oracle's and its worst minute against ` + "`lr`" + `'s. The second
 table counts the runs whose control plane was not calm. Another seed
@@ -231,7 +231,8 @@ a failed test. The kinds seen so far:
   ` + "`ROUND_ROBIN`" + ` also start spells of ` + "`LEAST_REQUEST`" + ` (two switches each);
   past the utilisation cap the policy runs ` + "`LEAST_REQUEST`" + ` itself
   (` + "`AtCapacity`" + `), and below it ` + "`load_balancer: LEAST_REQUEST`" + ` keeps the
-  weights and is the better choice there (README, "Load balancer");
+  weights and is often the better choice there, less so where the pods'
+  cores differ widely (README, "Load balancer");
 - weights written from the first estimates that the publish bar then holds
   for minutes, because the bar is set by the noise of the one pod whose
   estimate costs most ([troubleshooting.md](troubleshooting.md), "Weights

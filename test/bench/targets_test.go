@@ -104,6 +104,11 @@ func TestGuardJudgesDistributions(t *testing.T) {
 			t.Errorf("%s: value %v limit %v holds %v, want %+v", g.Rule, g.Value, g.Limit, g.Holds(), w)
 		}
 	}
+	delete(m.Runs[f][1], "oracle_bounded")
+	if _, err := guardChecks(m, base); err == nil || !strings.Contains(err.Error(), "oracle_bounded") {
+		t.Errorf("a seed without its oracle_bounded run: err %v, want one naming the strategy", err)
+	}
+	m.Runs[f][1]["oracle_bounded"] = StrategyResult{Name: "oracle_bounded", P99Ms: 98}
 	delete(base.P99Ms[f], "3")
 	if _, err := guardChecks(m, base); err == nil || !strings.Contains(err.Error(), "seed 3") {
 		t.Errorf("a baseline without seed 3: err %v, want one naming the seed", err)
