@@ -522,11 +522,11 @@ func (e *Engine) hold(now time.Time, set []Pod, mode Mode, reasons []Reason) Res
 
 // finish records the weights and builds the result.
 func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed bool, reasons []Reason) Result {
-	learned, doubtful := e.learned(set, weights, mode)
+	models := e.models(set)
+	learned, doubtful := e.learned(set, weights, mode, models)
 	e.unapplied = changed && !maps.Equal(weights, e.reference())
 	e.mode, e.last, e.lastLearned, e.lastDoubtful = mode, weights, learned, doubtful
 	caps := make(map[string]float64, len(set))
-	models := e.models(set)
 	mean := totalCapacity(models) / float64(max(len(models), 1))
 	for i, pod := range set {
 		caps[pod.Name] = models[i].c * models[i].v / mean
@@ -558,12 +558,11 @@ func (e *Engine) finish(set []Pod, mode Mode, weights map[string]uint32, changed
 // doubtful reports that only the estimates' confidence keeps the result
 // from Learned: no pod is behind or blind, and the pods that are unsure
 // all have estimates from data, merely wider than the dead band.
-func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode) (learned, doubtful bool) {
+func (e *Engine) learned(set []Pod, w map[string]uint32, mode Mode, models []podModel) (learned, doubtful bool) {
 	switch mode {
 	case ModeFallback, ModeNoData:
 		return false, false
 	}
-	models := e.models(set)
 	live, next := shares(set, e.reference()), shares(set, w)
 	unsure, doubt := 0.0, 0.0
 	for i, pod := range set {
