@@ -468,7 +468,7 @@ func quantile(sorted []float64, q float64) float64 {
 }
 
 // appendCapped appends x, keeping the last n.
-func appendCapped(xs []float64, x float64, n int) []float64 {
+func appendCapped[T any](xs []T, x T, n int) []T {
 	xs = append(xs, x)
 	if len(xs) > n {
 		xs = slices.Delete(xs, 0, len(xs)-n)

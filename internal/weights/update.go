@@ -157,7 +157,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		st.backlog, st.capRate = r.backlog, r.capRate
 		st.hotBlind = r.saturated && !c.fromRequests
 		if !obs.Early {
-			st.backlogs = appendBacklog(st.backlogs, backlogPoint{now, r.backlog}, e.params.memory())
+			st.backlogs = appendCapped(st.backlogs, backlogPoint{now, r.backlog}, e.params.memory())
 		} else {
 			// An early cycle follows an alarm: its served share is no
 			// sample of the pod's usual one.
@@ -474,14 +474,6 @@ func shares(set []Pod, w map[string]uint32) []float64 {
 		}
 	}
 	return out
-}
-
-func appendBacklog(ps []backlogPoint, p backlogPoint, n int) []backlogPoint {
-	ps = append(ps, p)
-	if len(ps) > n {
-		ps = slices.Delete(ps, 0, len(ps)-n)
-	}
-	return ps
 }
 
 // segments returns the timeline as the observation at now sees it; before
