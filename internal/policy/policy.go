@@ -610,8 +610,8 @@ func (p *Policy) Cycle(now time.Time, obs weights.Observation, pods []weights.Po
 		// too: with the rule keeping ROUND_ROBIN whenever the pods'
 		// cores estimates differed, 6 of 13 Services drawn at random at
 		// 90-95% load (8 of make bench-random's 60, 5 drawn outside the
-		// repository) got a median p99 over 8 seeds 1.04-10x higher, and
-		// none lower.
+		// repository) got a median p99 over eight runs each 1.04-10x
+		// higher, and none lower.
 		lb, why = weights.BalancerLeastRequest, ReasonAtCapacity
 	}
 	p.setBalancer(now, lb, why)
