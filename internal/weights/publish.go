@@ -1,7 +1,9 @@
 package weights
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -329,30 +331,89 @@ func (p Params) settle(set []Pod, ref map[string]uint32, proposal []float64, wri
 	return out, changed
 }
 
-// clampRatio keeps every value within ratio of the mean. Clamping moves the
-// mean, so it repeats a few times; what remains is far below rounding.
+// clampRatio keeps every value within ratio of the mean, keeping the
+// mean: each becomes clamp(l*x, mean/ratio, mean*ratio), with the one
+// scale l that leaves the mean where it was, so that the values between
+// the bounds keep their proportions. Where no scale does (values of 0
+// beside others that all reach the upper bound), the upper ones sit at
+// it and the zeros share the rest. l is found exactly: the sum is linear
+// in l between the points where a value reaches a bound.
 func clampRatio(xs []float64, ratio float64) {
-	if len(xs) == 0 {
+	n := float64(len(xs))
+	mean := 0.0
+	for _, x := range xs {
+		mean += x / n
+	}
+	if len(xs) == 0 || !(mean > 0) || !(ratio >= 1) || math.IsInf(mean, 0) {
 		return
 	}
-	for range 8 {
-		mean := 0.0
-		for _, x := range xs {
-			mean += x
+	lo, hi := mean/ratio, mean*ratio
+	if math.IsInf(hi, 0) || !slices.ContainsFunc(xs, func(x float64) bool { return x < lo || x > hi }) {
+		return
+	}
+	// A value x > 0 is lo below l = lo/x, l*x between, hi above hi/x.
+	type point struct {
+		l      float64
+		x      float64 // the value joining (at lo/x) or leaving (at hi/x) the linear part
+		leaves bool
+	}
+	points := make([]point, 0, 2*len(xs))
+	zeros := 0.0
+	for _, x := range xs {
+		if x > 0 {
+			points = append(points, point{lo / x, x, false}, point{hi / x, x, true})
+		} else {
+			zeros++
 		}
-		mean /= float64(len(xs))
-		lo, hi := mean/ratio, mean*ratio
-		clamped := false
-		for i, x := range xs {
-			if x < lo {
-				xs[i], clamped = lo, true
-			} else if x > hi {
-				xs[i], clamped = hi, true
+	}
+	slices.SortFunc(points, func(a, b point) int { return cmp.Compare(a.l, b.l) })
+	// Walking up l: sum(l) = atLo*lo + l*linear + atHi*hi.
+	atLo, atHi, linear := n, 0.0, 0.0
+	want := n * mean
+	scale := math.NaN()
+	for k, pt := range points {
+		next := math.Inf(1)
+		if k+1 < len(points) {
+			next = points[k+1].l
+		}
+		if pt.leaves {
+			linear -= pt.x
+			atHi++
+		} else {
+			linear += pt.x
+			atLo--
+		}
+		if atLo+atHi == n {
+			linear = 0 // every value at a bound: no rounding residue left
+		}
+		if linear > 0 {
+			if l := (want - atLo*lo - atHi*hi) / linear; l >= pt.l && l <= next {
+				scale = l
+				break
 			}
 		}
-		if !clamped {
-			return
+	}
+	if math.IsNaN(scale) && zeros == 0 {
+		// Only rounding can miss every segment: the nearest clamp.
+		for i, x := range xs {
+			xs[i] = min(max(x, lo), hi)
 		}
+		return
+	}
+	if math.IsNaN(scale) {
+		// Every value above 0 at hi: the zeros share the rest.
+		rest := (want - (n-zeros)*hi) / zeros
+		for i, x := range xs {
+			if x > 0 {
+				xs[i] = hi
+			} else {
+				xs[i] = rest
+			}
+		}
+		return
+	}
+	for i, x := range xs {
+		xs[i] = min(max(scale*x, lo), hi)
 	}
 }
 

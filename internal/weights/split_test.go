@@ -2,6 +2,7 @@ package weights
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -63,4 +64,60 @@ func TestSplitWithinBoundsSplitAsTheEngineDoes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// FuzzSplitWithin: whatever the cores, speeds, load and ratio, the shares
+// are finite, sum to 1 (or are all 0 when no pod is valid), and with a
+// ratio the engine accepts (1-100) stay within it of the mean, to well
+// below rounding.
+func FuzzSplitWithin(f *testing.F) {
+	f.Add([]byte{2, 10, 2, 6, 2, 3, 20, 10})
+	f.Add([]byte{8, 10, 8, 10, 1, 5, 1, 5, 95, 2})
+	f.Add([]byte{0, 0, 255, 255, 1, 1, 0, 0})
+	// Found by fuzzing: a pod taking all at ratio 2 and at ratio 3 (the
+	// repeated clamp left it past the ceiling), and two fast pods among
+	// many starved ones at ratio 49 (a rounding residue read as a scale).
+	f.Add([]byte("000100\x01"))
+	f.Add([]byte("0000000001" + "0\x02"))
+	f.Add(append(slices.Repeat([]byte{48, 48}, 40), 48, 248, 48, 248, 65, 48))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 4 {
+			return
+		}
+		ratio := 1 + float64(data[len(data)-1]%100)
+		load := float64(data[len(data)-2]) / 10
+		data = data[:len(data)-2]
+		var cores, speeds []float64
+		for i := 0; i+1 < len(data); i += 2 {
+			cores = append(cores, float64(data[i])/2)
+			speeds = append(speeds, float64(data[i+1])/10)
+		}
+		x := SplitWithin(cores, speeds, load, ratio)
+		if len(x) != len(cores) {
+			t.Fatalf("%d shares for %d pods", len(x), len(cores))
+		}
+		sum := 0.0
+		for i, v := range x {
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				t.Fatalf("pod %d: share %v (cores %v, speeds %v, load %v, ratio %v)", i, v, cores, speeds, load, ratio)
+			}
+			sum += v
+		}
+		if sum == 0 {
+			return
+		}
+		if math.Abs(sum-1) > 1e-9 {
+			t.Fatalf("shares sum to %v: %v", sum, x)
+		}
+		// clampRatio repeats a bounded number of times: what it leaves is
+		// held to a fifth of what rounding a floor weight (smallestWeight)
+		// to an integer moves it by.
+		tol := 0.2 * 0.5 / smallestWeight
+		mean := 1 / float64(len(x))
+		for i, v := range x {
+			if v < mean/ratio*(1-tol) || v > mean*ratio*(1+tol) {
+				t.Errorf("pod %d: share %v outside [%v, %v] (ratio %v; cores %v, speeds %v, load %v)", i, v, mean/ratio, mean*ratio, ratio, cores, speeds, load)
+			}
+		}
+	})
 }
