@@ -65,9 +65,6 @@ func Split(cores, speeds []float64, load float64) []float64 {
 // speed get the least share the ratio allows. A ratio of 1 or less (or
 // NaN) gives equal shares, +Inf Split's.
 func SplitWithin(cores, speeds []float64, load, ratio float64) []float64 {
-	if !(ratio >= 1) {
-		ratio = 1
-	}
 	x := Split(cores, speeds, load)
 	clampRatio(x, ratio)
 	return normalized(x)

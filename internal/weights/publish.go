@@ -337,14 +337,18 @@ func (p Params) settle(set []Pod, ref map[string]uint32, proposal []float64, wri
 // the bounds keep their proportions. Where no scale does (values of 0
 // beside others that all reach the upper bound), the upper ones sit at
 // it and the zeros share the rest. l is found exactly: the sum is linear
-// in l between the points where a value reaches a bound.
+// in l between the points where a value reaches a bound. A ratio below 1
+// (or NaN) is 1: every value the mean.
 func clampRatio(xs []float64, ratio float64) {
 	n := float64(len(xs))
 	mean := 0.0
 	for _, x := range xs {
 		mean += x / n
 	}
-	if len(xs) == 0 || !(mean > 0) || !(ratio >= 1) || math.IsInf(mean, 0) {
+	if !(ratio >= 1) {
+		ratio = 1 // no value can be nearer the mean than equal to it
+	}
+	if len(xs) == 0 || !(mean > 0) || math.IsInf(mean, 0) {
 		return
 	}
 	lo, hi := mean/ratio, mean*ratio

@@ -66,6 +66,17 @@ func TestSplitWithinBoundsSplitAsTheEngineDoes(t *testing.T) {
 	}
 }
 
+// A ratio of 1 or less, or NaN, leaves no room around the mean: equal shares.
+func TestSplitWithinNoRatioIsEqualShares(t *testing.T) {
+	for _, ratio := range []float64{1, 0.5, 0, -3, math.NaN()} {
+		for i, v := range SplitWithin([]float64{1, 2, 8}, []float64{1, 0.5, 0.3}, 3, ratio) {
+			if math.Abs(v-1.0/3) > 1e-12 {
+				t.Errorf("ratio %v: pod %d's share %v, want 1/3", ratio, i, v)
+			}
+		}
+	}
+}
+
 // FuzzSplitWithin: whatever the cores, speeds, load and ratio, the shares
 // are finite, sum to 1 (or are all 0 when no pod is valid), and with a
 // ratio the engine accepts (1-100) stay within it of the mean, to well
