@@ -153,8 +153,9 @@ type Optimization struct {
 	MaxStepPercent *int64 `json:"max_step_percent,omitempty"`
 
 	// max_weight_ratio keeps every weight within [mean/ratio, mean*ratio]
-	// (by default 0.1x-10x, the range grpc-java's weighted round robin clips its
-	// own weights to; Envoy does not clip them).
+	// (by default 0.05x-20x; Envoy does not clip weights). A higher ratio lets
+	// slow pods get less at low load, at the price of estimates read from few
+	// requests: more writes before the weights settle.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100
 	// +optional

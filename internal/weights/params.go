@@ -13,7 +13,7 @@ const maxWeightSum = math.MaxUint32 - 1
 
 // smallestWeight is the weight of a pod at mean/MaxRatio: rounding to an
 // integer moves it by at most half a percent. The mean weight is
-// smallestWeight*MaxRatio (1000 at the default ratio of 10), and with
+// smallestWeight*MaxRatio (2000 at the default ratio of 20), and with
 // MaxRatio at most 100 a Service of 4096 endpoints, Istio's limit, sums
 // below 2^32-1.
 const smallestWeight = 100
@@ -25,7 +25,7 @@ func DefaultParams() Params {
 		Sampling:       Sampling{QueryWindow: time.Minute, ScrapeInterval: 15 * time.Second},
 		DeadBand:       0.05,
 		MaxStep:        1.0,
-		MaxRatio:       10,
+		MaxRatio:       20,
 		Smoothing:      0.05,
 		MinCPU:         0.05,
 		SlowStart:      0,

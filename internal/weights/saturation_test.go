@@ -252,21 +252,22 @@ func TestSlowForItsOwnReasonsIsNotKeptBehind(t *testing.T) {
 }
 
 // A pod too small for the least weight the ratio allows (MaxRatio: the
-// mean over 10, 2% of the traffic among five pods) is sent more than it
-// can serve however the others are weighted; the result says so, naming
-// it. One that can serve its floor share is not named.
+// mean over 20 by default, 1% of the traffic among five pods: 0.032 of a
+// fast pod's capacity at 80% load) is sent more than it can serve however
+// the others are weighted; the result says so, naming it. One that can
+// serve its floor share is not named.
 func TestFloorOverloadIsReported(t *testing.T) {
 	for _, tc := range []struct {
 		small float64
 		named bool
-	}{{0.05, true}, {0.2, false}} {
+	}{{0.02, true}, {0.2, false}} {
 		l := newClosedLoop(t, loopConfig{speeds: []float64{1, 1, 1, 1, tc.small}, load: 0.8, useRequests: true, knownCores: true})
 		var res Result
 		for range 12 {
 			res = l.step()
 		}
 		r, ok := Has(res.Reasons, ReasonFloorOverload)
-		if ok != tc.named || (ok && (len(r.Pods) != 1 || r.Pods[0] != l.pods[4].Name || r.Limit != 10)) {
+		if ok != tc.named || (ok && (len(r.Pods) != 1 || r.Pods[0] != l.pods[4].Name || r.Limit != DefaultParams().MaxRatio)) {
 			t.Errorf("a pod of speed %v among four of 1 at 80%% load: floor overload %v (%+v), want %v: %s", tc.small, ok, r, tc.named, res.Message)
 		}
 	}

@@ -169,9 +169,7 @@ func (k knownMiss) bound(limit float64) float64 { return max(k.measured, limit) 
 
 // bestMisses are the scenarios on which the optimizer is known not to come
 // within guardBestRatio of the best static weights.
-var bestMisses = map[string]knownMiss{
-	"hetero3-20-lowload.yaml": {whyMaxRatio, 1.150},
-}
+var bestMisses = map[string]knownMiss{}
 
 // baselineMisses are the scenarios on which the optimizer's median p99 is
 // known to be worse than the baseline's +3% (the engine before the
@@ -184,9 +182,6 @@ var baselineMisses = map[string]knownMiss{
 // whyMix1248: the miss is measured over seeds 1-16 (make bench-guard); the
 // cause was traced with --trace optimizer before the last engine change.
 const whyMix1248 = "the median misses by under 1%: the weights written while the estimates settle keep those estimates' error, and the predicted gain of rewriting stays under the publish bar, which the noisiest cores estimate sets (4-core pods on 16-core nodes whose neighbours' CPU strays by 10%), so they are not rewritten; a rewrite would be a write after settling; the engine before the rewrite: 58.2 ms median"
-
-// whyMaxRatio: oracle_best is not bound by MaxRatio; the engine is.
-const whyMaxRatio = "at 20% load the best static weights send the slowest pods nothing, while the engine keeps every weight at least the mean over MaxRatio (a tenth of the mean by default, as grpc-java's weighted round robin clips), so the slowest pods still serve a little (the least busy pod at 0.15x the mean utilisation against 0); the gap is the bound's, not the estimates': the same rule against oracle_bounded (the best static weights kept within the bound as the engine keeps its own) holds; with the resource's max_weight_ratio at 100 (bench --max-ratio 100, seeds 1-16) the median is 1.03x, but the slowest pods, sent 0.3-1% of the traffic each, are then measured from so few requests that their estimates scatter: a median of 10 weight writes a run instead of 4, settled after a median of 14 cycles instead of 7.5 (32 at worst), and on 2 of the 16 seeds a chance latency reading on such a pod rang the alarm and switched the mesh twice more"
 
 // GuardCheck is one rule on one scenario.
 type GuardCheck struct {

@@ -220,7 +220,7 @@ A miss here is what the engine does on a Service nobody tuned it for, not
 a failed test. The kinds seen so far:
 
 - at low load, slow pods held at the least weight ` + "`max_weight_ratio`" + `
-  allows (the mean over the ratio: a tenth of it by default)
+  allows (the mean over the ratio: a twentieth of it by default)
   where the best static weights send them nothing (the rule against
   ` + "`oracle_bounded`" + ` shows how much of a miss is that floor's);
 - a pod smaller than that least weight: no weight the ratio allows serves

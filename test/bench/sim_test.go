@@ -711,7 +711,7 @@ func TestRestartOnASteadyServiceWritesNothing(t *testing.T) {
 // Weight writes and balancer switches rebuild every client's scheduler; as
 // Envoy rebuilds it (edf.Rebuild), each client starts at its own point of
 // the weighted rotation, so a rebuild sends no burst to the light pods.
-// One-core pods on one-core nodes at a tenth of the mean weight, 256
+// One-core pods on one-core nodes at a small share of the weight, 256
 // clients, heavy-tailed work: with the rebuild of Envoy before 1.30 (every
 // client's first pick of a light pod within one rotation of the others')
 // each switch to ROUND_ROBIN queued the one-core pods, the alarm rang and

@@ -345,7 +345,7 @@ func serveSituations(t *testing.T) string {
 			m.SetMode(ns, svc, md)
 		}
 	}
-	m.WeightSpread.WithLabelValues(ns, "wide").Set(10)
+	m.WeightSpread.WithLabelValues(ns, "wide").Set(20)
 	// Series that exist at zero must not alert.
 	m.QueryErrors.WithLabelValues(ns, "healthy", "cpu", "unreachable").Add(0)
 	m.Fallbacks.WithLabelValues(ns, "healthy").Add(0)

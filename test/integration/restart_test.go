@@ -410,7 +410,7 @@ func TestRestartGivesAPodReadyWhileDownNoLiveWeight(t *testing.T) {
 	env.fleet.mu.Unlock()
 
 	// The restart: within its first cycles the new pod is at the start of
-	// its slow start (the smallest weight, a tenth of the mean, rising to
+	// its slow start (the smallest weight, a twentieth of the mean, rising to
 	// the median's over five minutes: below a third of the mean for more
 	// than a minute, however slowly the manager starts), not at api-a's
 	// weight.
