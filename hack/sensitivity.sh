@@ -95,6 +95,8 @@ run "Smoothing (--smoothing)" 0.05 0.025 "$work/bench" --smoothing 0.025
 run "Smoothing (--smoothing)" 0.05 0.1 "$work/bench" --smoothing 0.1
 run "MaxStep (--max-step)" 1 0.5 "$work/bench" --max-step 0.5
 run "MaxStep (--max-step)" 1 2 "$work/bench" --max-step 2
+run "MaxRatio (--max-ratio)" 20 10 "$work/bench" --max-ratio 10
+run "MaxRatio (--max-ratio)" 20 40 "$work/bench" --max-ratio 40
 w=internal/weights
 constant $w/estimate.go zSigmas 4 2
 constant $w/estimate.go zSigmas 4 8
