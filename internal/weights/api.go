@@ -24,9 +24,9 @@ type Params struct {
 	// each) on four Services at 20-42% load on which the floor binds: from
 	// 10 to 20 their median p99 fell 2.5-10% while the weights settled in
 	// as many writes (median within half a write) and cycles (at most one
-	// more); at 25-30 two of them took 1-1.5 more writes and 2-3 more
+	// more); from 25 on two of them took 1-1.5 more writes and 2-3 more
 	// cycles to settle, their floored pods measured from so few requests
-	// that the estimates scatter, for at most 2% more.
+	// that the estimates scatter, for a p99 at most 2% lower.
 	MaxRatio float64
 	// Smoothing is the share of a new reading in a settled estimate (1 =
 	// none): the random walk each estimate's filter assumes. After a change

@@ -65,8 +65,8 @@
 //     send, each live share against the new one) unless a pod is sent its
 //     capacity or its estimate is following a change; a pod that the MaxRatio floor
 //     holds on both sides is compared at its live traffic; then MaxStep,
-//     MaxRatio (0.1x-10x by default, as grpc-java's weighted round robin
-//     clips), integers of at least 1,
+//     MaxRatio (0.05x-20x by default, see Params.MaxRatio), integers of at
+//     least 1,
 //     and sums per locality below 2^32-1.
 //
 // Result.Learned says the estimates are confident (their standard

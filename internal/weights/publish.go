@@ -24,8 +24,8 @@ import (
 // some pod's traffic by at least DeadBand, for weights within it of their
 // targets are converged (see Update). A pod sent its capacity
 // or more makes the gain infinite. Then the step bounds (MaxStep), the
-// ratio bounds (MaxRatio: 0.1x-10x of the mean by default, as grpc-java's
-// weighted round robin clips its own weights), and
+// ratio bounds (MaxRatio: 0.05x-20x of the mean by default, see
+// Params.MaxRatio), and
 // integers of at least 1 whose sum per locality stays below 2^32-1.
 
 // proposalFrom turns traffic into weights of mean meanWeight, scaled by

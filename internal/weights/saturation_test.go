@@ -180,7 +180,7 @@ func TestFloorRoundingIsNoGain(t *testing.T) {
 	dp := []decidePod{fast, fast, fast, {c: 1, v: 0.01, upper: 0.05, overloaded: true}} // the one behind owes all but 1% of its capacity
 	proposal := p.proposalFrom(time.Time{}, set, []float64{7, 7, 7, 0})
 	// The live weights: the same targets, written as whole weights (the
-	// floor, 102.56, rounded up).
+	// floor exactly, the others rounded).
 	ref := map[string]uint32{}
 	for i, pod := range set {
 		ref[pod.Name] = uint32(math.Round(proposal[i]))
