@@ -297,7 +297,7 @@ func checkManagerDownJob(t *testing.T, root string, alerts []string) {
 // serveSituations exports the operator's metrics (package metrics, as the
 // manager registers them) on a loopback port, set up as these services:
 //
-//	healthy   optimizing, everything normal
+//	healthy   optimizing, everything normal (weights spread 12x)
 //	fallback  weights fell back to equal
 //	failing   the metrics backend is unreachable (holding)
 //	empty     the CPU query returns no series (holding)
@@ -346,6 +346,9 @@ func serveSituations(t *testing.T) string {
 		}
 	}
 	m.WeightSpread.WithLabelValues(ns, "wide").Set(20)
+	// A spread past ratio 10's limit but within the default 20's is not at
+	// the limit.
+	m.WeightSpread.WithLabelValues(ns, "healthy").Set(12)
 	// Series that exist at zero must not alert.
 	m.QueryErrors.WithLabelValues(ns, "healthy", "cpu", "unreachable").Add(0)
 	m.Fallbacks.WithLabelValues(ns, "healthy").Add(0)
