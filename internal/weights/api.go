@@ -22,11 +22,11 @@ type Params struct {
 	// sends to slow pods at low load, where the best weights send them
 	// almost none. The default, 20, is measured (bench --max-ratio, 16 runs
 	// each) on four Services at 20-42% load on which the floor binds: from
-	// 10 to 20 their median p99 fell 2.5-10% while the weights settled in
+	// 10 to 20 their median p99 fell 3.5-10% while the weights settled in
 	// as many writes (median within half a write) and cycles (at most one
-	// more); from 25 on two of them took 1-1.5 more writes and 2-3 more
+	// more); from 25 on two of them took 1-2 more writes and 2-3 more
 	// cycles to settle, their floored pods measured from so few requests
-	// that the estimates scatter, for a p99 at most 2% lower.
+	// that the estimates scatter, for a p99 at most 2.2% lower.
 	MaxRatio float64
 	// Smoothing is the share of a new reading in a settled estimate (1 =
 	// none): the random walk each estimate's filter assumes. After a change
