@@ -684,7 +684,7 @@ func TestExpiryFallsBackToEqualWeights(t *testing.T) {
 			t.Fatalf("past expiry: mode %s", res.Mode)
 		}
 		for name, w := range res.Weights {
-			if w != uint32(DefaultParams().meanWeight()) {
+			if w != uint32(DefaultParams().MeanWeight()) {
 				t.Fatalf("past expiry: %s has %d, want equal weights", name, w)
 			}
 		}

@@ -132,8 +132,9 @@ func (p Params) rampFactor(pod Pod, now time.Time) float64 {
 	return max(float64(elapsed), 0) / float64(p.SlowStart)
 }
 
-// meanWeight is the mean weight the engine scales to (see smallestWeight).
-func (p Params) meanWeight() float64 { return smallestWeight * p.MaxRatio }
+// MeanWeight is the mean weight the engine scales its weights to (see
+// smallestWeight): 100 times MaxRatio.
+func (p Params) MeanWeight() float64 { return smallestWeight * p.MaxRatio }
 
 // horizon is how far back an observation can reach, with a margin for
 // backends that also use the sample just before the window.

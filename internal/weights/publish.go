@@ -38,9 +38,9 @@ func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
 	out := make([]float64, len(set))
 	for i, pod := range set {
 		if sum > 0 {
-			out[i] = p.meanWeight() * float64(len(set)) * x[i] / sum
+			out[i] = p.MeanWeight() * float64(len(set)) * x[i] / sum
 		} else {
-			out[i] = p.meanWeight()
+			out[i] = p.MeanWeight()
 		}
 		out[i] *= p.rampFactor(pod, now)
 	}

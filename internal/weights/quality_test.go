@@ -188,8 +188,8 @@ func TestIdenticalPodsStayEqual(t *testing.T) {
 					t.Fatalf("requests %v phase %v cycle %d: Changed on identical pods: %v", useRequests, phase, k+1, res.Weights)
 				}
 				for name, w := range res.Weights {
-					if w != uint32(DefaultParams().meanWeight()) {
-						t.Fatalf("cycle %d: %s has weight %d, want %d", k+1, name, w, uint32(DefaultParams().meanWeight()))
+					if w != uint32(DefaultParams().MeanWeight()) {
+						t.Fatalf("cycle %d: %s has weight %d, want %d", k+1, name, w, uint32(DefaultParams().MeanWeight()))
 					}
 				}
 			}

@@ -149,12 +149,12 @@ func bestWeightsWithin(s *sim, ratio float64) []float64 {
 	for _, v := range x {
 		mean += v / float64(len(x))
 	}
-	// Within a ratio, the mean weight the engine scales to (100 times the
-	// ratio: its floor, 100, rounds by at most half a percent); 1000
-	// unbounded, where a starved pod's weight rounds to 0.
+	// Within a ratio, the mean weight the engine scales to (its floor
+	// rounds by at most half a percent); 1000 unbounded, where a starved
+	// pod's weight rounds to 0.
 	scale := 1000.0
 	if ratio >= 1 && !math.IsInf(ratio, 1) {
-		scale = 100 * ratio
+		scale = weights.Params{MaxRatio: ratio}.MeanWeight()
 	}
 	w := make([]float64, s.P)
 	for i, h := range s.hosts {
