@@ -28,7 +28,7 @@ import (
 // Params.MaxRatio), and
 // integers of at least 1 whose sum per locality stays below 2^32-1.
 
-// proposalFrom turns traffic into weights of mean meanWeight, scaled by
+// proposalFrom turns traffic into weights of mean MeanWeight, scaled by
 // slow start, within MaxRatio of the mean.
 func (p Params) proposalFrom(now time.Time, set []Pod, x []float64) []float64 {
 	sum := 0.0
