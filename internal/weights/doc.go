@@ -37,7 +37,9 @@
 //     variance. The readings' noise is measured from the residuals (for
 //     cores, their spread, so an estimate that is off is not taken for
 //     noise, and a reading of the node's idle CPU by that reading's own
-//     spread too, which carries the neighbours' noise); a change that
+//     spread too, which carries the neighbours' noise); a speed read from
+//     request rates on fewer requests than the median pod's adds the
+//     count noise of the difference (1/n for exponential work); a change that
 //     persists (a CUSUM of innovations) or a jump restarts the filter
 //     with a wide variance, so the estimate moves fast, then settles to
 //     Smoothing per reading. A noise no steady

@@ -12,7 +12,9 @@ import (
 // (a Kalman filter over a random walk); the walk's step is set so that a
 // settled estimate takes Smoothing of each new reading. The reading's
 // noise is measured from the residuals of all pods (a robust median), a
-// cores reading's from the pod's own (their interquartile range). A
+// pod's sent fewer requests than the median pod's raised by their count
+// noise (countNoise), a cores reading's from the pod's own (their
+// interquartile range). A
 // change that persists past the noise (a CUSUM of the innovations in units
 // of their standard deviation) or one reading far outside it restarts the
 // filter: its variance is raised to the reading's, so the estimate moves
@@ -66,7 +68,11 @@ func (p Params) processVariance() float64 {
 }
 
 // update folds a reading [lo, hi] (log, in the estimate's units) of
-// variance r into f. It reports whether the filter restarted. corr is how
+// variance r+extra into f: r is the readings' noise as measured, extra
+// what this one has beyond it for resting on fewer requests (see
+// countNoise); the walk's step is set from r alone (processVariance),
+// since how fast a pod changes does not depend on how many requests it is
+// sent. It reports whether the filter restarted. corr is how
 // much more a sum of consecutive innovations varies than independent ones
 // would (see overlapInflation): the CUSUM is judged in those units. A
 // bounded reading (one clamped at a bound, whose distance from the
@@ -77,12 +83,14 @@ func (p Params) processVariance() float64 {
 // may be that noise, so the estimate moves, but it is not followed as a
 // change past the dead band (see followingChange), and the publish bar
 // judges it as an estimate only begun (see models).
-func (f *filter) update(lo, hi, r, corr float64, p Params, bounded, measured bool) bool {
+func (f *filter) update(lo, hi, r, extra, corr float64, p Params, bounded, measured bool) bool {
+	q := p.processVariance() * r
+	r += extra
 	if !f.known {
 		f.m, f.v, f.known, f.n = (lo+hi)/2, r+sq((hi-lo)/2), true, 1
 		return false
 	}
-	f.v += p.processVariance() * r
+	f.v += q
 	innov := min(max(f.m, lo), hi) - f.m // a reading moves the estimate only as far as its range forces
 	s := math.Sqrt(f.v + r)
 	z := innov / s
@@ -163,6 +171,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 	scale := e.fitScale(set, c)
 	e.cpuNoiseFloor(set)
 	r := e.noise * e.noise
+	countNoise(c, e.params.QueryWindow.Seconds(), r, e.speedNoiseUnmeasured())
 	var residuals []float64
 	learned, started := 0, 0 // started: readings taken as a restart's starting speeds
 	typical := e.typicalSpeed(set)
@@ -230,7 +239,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		// weights had settled. The price: a two-pod Service follows a real
 		// slowdown in up to 7 cycles instead of 5
 		// (TestTwoPodsFollowASlowdown).
-		st.speed.update(lo, hi, r, e.overlapInflation(), e.params, false, !e.speedNoiseUnmeasured())
+		st.speed.update(lo, hi, r, rd.countVar, e.overlapInflation(), e.params, false, !e.speedNoiseUnmeasured())
 	}
 	if !keepNoise && started == 0 {
 		e.measureNoise(residuals)
@@ -239,6 +248,45 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 	e.rememberClasses(set)
 	e.normalize(set)
 	return learned
+}
+
+// countNoise sets each speed reading's countVar: the variance it has
+// beyond the median pod's for resting on fewer requests. A speed read from
+// request rates is requests over the CPU they took, and that CPU is the
+// sum of the requests' work, so it varies as one over their number n times
+// the work's squared coefficient of variation, 1 for the exponential work
+// the solver's M/M/c cost assumes: cv²/n in log scale, with cv² at most
+// 1. The noise measured over the pods (r, measureNoise's median) holds the
+// median pod's cv²/n with the rest of a reading's noise (scrapes
+// misaligned with the windows, load moving under them), which does not
+// fall with n; a pod sent fewer requests adds the difference. So r bounds
+// cv² too: at most r·n of the median pod (work that varies less shows a
+// smaller noise). A pod held at the MaxRatio floor is sent a MaxRatio-th
+// of the mean pod's requests: at 1.3 requests a second (twelve pods at 312
+// a second), 78 over a 1 m window, and its readings scatter by 11% from
+// their count alone. 0 with CPU alone (the requests are not known, and a
+// censored reading, CPU alone's, has none), and while no
+// noise is measured (unmeasured: the prior bounds nothing). The noise is
+// measured over the readings as they are: their median is the median
+// pod's, count noise included, whether or not the noise falls with n
+// (where it does not, readings rescaled to the median pod's read it
+// lower than it is, and noise passed the publish bar).
+func countNoise(c *cycleReadings, window, r float64, unmeasured bool) {
+	var ns []float64
+	for _, rd := range c.pods {
+		if rd.speed.ok && c.fromRequests && rd.requests > 0 {
+			ns = append(ns, rd.requests*window)
+		}
+	}
+	typical := median(ns)
+	cv2 := min(1, r*typical)
+	for i := range c.pods {
+		rd := &c.pods[i]
+		rd.countVar = 0
+		if n := rd.requests * window; !unmeasured && rd.speed.ok && c.fromRequests && n > 0 && n < typical {
+			rd.countVar = cv2 * (1/n - 1/typical)
+		}
+	}
 }
 
 // typicalSpeed is the median log speed of the pods known, nil for none: a
@@ -381,7 +429,7 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		// residuals end it, as they start the spread; a spread measured
 		// from so few can still be small by chance (see coresReadingVar),
 		// and a jump judged by it then is followed.
-		restarted := st.cores.update(x, x, r, e.overlapInflation(), e.params, bounded, !e.coresNoiseUnmeasured(st))
+		restarted := st.cores.update(x, x, r, 0, e.overlapInflation(), e.params, bounded, !e.coresNoiseUnmeasured(st))
 		if !known && st.coresSettled {
 			st.cores.v, st.cores.n = e.params.Smoothing*r, e.params.memory()
 		}

@@ -54,7 +54,7 @@ func TestBoundedReadingDoesNotRestartAlone(t *testing.T) {
 	settled := filter{m: 0, v: p.Smoothing * r, known: true, n: 20}
 	for _, bounded := range []bool{false, true} {
 		f := settled
-		restarted := f.update(-0.15, -0.15, r, 1, p, bounded, true)
+		restarted := f.update(-0.15, -0.15, r, 0, 1, p, bounded, true)
 		if restarted == bounded {
 			t.Errorf("bounded %v: restarted %v", bounded, restarted)
 		}
@@ -182,12 +182,12 @@ func TestOneCoresReadingIsNotConfidence(t *testing.T) {
 	st.coresNode = pod.Node
 	r := e.noise * e.noise
 	st.cores = filter{}
-	st.cores.update(math.Log(2), math.Log(2), r, 1, e.params, false, true)
+	st.cores.update(math.Log(2), math.Log(2), r, 0, 1, e.params, false, true)
 	one := e.models([]Pod{pod})[0]
 	if math.Sqrt(one.logVar) <= e.params.DeadBand {
 		t.Errorf("one cores reading: sd %.4f within the dead band %.2f", math.Sqrt(one.logVar), e.params.DeadBand)
 	}
-	st.cores.update(math.Log(2), math.Log(2), r, 1, e.params, false, true)
+	st.cores.update(math.Log(2), math.Log(2), r, 0, 1, e.params, false, true)
 	two := e.models([]Pod{pod})[0]
 	if math.Sqrt(two.logVar) > e.params.DeadBand {
 		t.Errorf("two cores readings: sd %.4f past the dead band %.2f", math.Sqrt(two.logVar), e.params.DeadBand)
@@ -383,4 +383,51 @@ func speedReadings(n, i int, p float64) *cycleReadings {
 	}
 	c.pods[i].speed.lo, c.pods[i].speed.hi = p, p
 	return c
+}
+
+// A speed reading resting on fewer requests than the median pod's has the
+// count noise of the difference (1/n for exponential work), at most what
+// the measured noise allows the median pod's work to vary; none on CPU
+// alone, for a pod sent more than the median, or before any noise is
+// measured.
+func TestCountNoise(t *testing.T) {
+	const window = 60.0
+	pods := func(fromRequests bool, rates ...float64) *cycleReadings {
+		c := &cycleReadings{fromRequests: fromRequests}
+		for _, rate := range rates {
+			rd := reading{requests: rate, hasRequests: true}
+			rd.speed.ok = true
+			c.pods = append(c.pods, rd)
+		}
+		return c
+	}
+	tests := map[string]struct {
+		c          *cycleReadings
+		r          float64
+		unmeasured bool
+		want       []float64
+	}{
+		// 100, 100 and 1 request a second: 6000, 6000 and 60 a window.
+		"a pod at the floor": {c: pods(true, 100, 100, 1), r: 0.0009,
+			want: []float64{0, 0, 1.0/60 - 1.0/6000}},
+		// The median pod's noise, 1e-4 (the least the engine takes), is
+		// less than its 1/6000: its work varies less than exponential
+		// (cv² 0.6), and so the floored pod's.
+		"work steadier than exponential": {c: pods(true, 100, 100, 1), r: 1e-4,
+			want: []float64{0, 0, 0.6 * (1.0/60 - 1.0/6000)}},
+		"a pod sent more than the median": {c: pods(true, 10, 100, 1000), r: 0.0009,
+			want: []float64{1.0/600 - 1.0/6000, 0, 0}},
+		"CPU alone":         {c: pods(false, 100, 100, 1), r: 0.0009, want: []float64{0, 0, 0}},
+		"no noise measured": {c: pods(true, 100, 100, 1), r: 0.0009, unmeasured: true, want: []float64{0, 0, 0}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			countNoise(tc.c, window, tc.r, tc.unmeasured)
+			for i, want := range tc.want {
+				if got := tc.c.pods[i].countVar; math.Abs(got-want) > 1e-12 {
+					t.Errorf("pod %d: countVar %g, want %g", i, got, want)
+				}
+			}
+		})
+	}
 }

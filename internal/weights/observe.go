@@ -44,6 +44,10 @@ type reading struct {
 		ok, upper bool
 		lo, hi    float64
 	}
+	// countVar: the speed reading's variance beyond the measured noise
+	// for resting on fewer requests than the median pod's (see
+	// countNoise).
+	countVar float64
 	// partial: the pod's rates cover only part of the window (a cycle
 	// within a horizon found it without data; see noteDataGaps).
 	partial bool

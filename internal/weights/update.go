@@ -126,7 +126,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 		if obs.Early {
 			e.load.m = max(e.load.m, math.Log(total)) // a rising load is not averaged away
 		} else {
-			e.load.update(math.Log(total), math.Log(total), e.noise*e.noise, e.overlapInflation(), e.params, false, true)
+			e.load.update(math.Log(total), math.Log(total), e.noise*e.noise, 0, e.overlapInflation(), e.params, false, true)
 		}
 	}
 	// What a pod first seen at its CPU limit may borrow as its usual latency (see

@@ -711,6 +711,35 @@ func TestRestartOnASteadyServiceWritesNothing(t *testing.T) {
 // Weight writes and balancer switches rebuild every client's scheduler; as
 // Envoy rebuilds it (edf.Rebuild), each client starts at its own point of
 // the weighted rotation, so a rebuild sends no burst to the light pods.
+// A restart at low load, where the slow pods sit at the max_weight_ratio
+// floor: their weight does not show their speed, so the new manager takes
+// each one's first reading as its speed, and that reading rests on a
+// MaxRatio-th of the mean pod's requests. Judged as a reading of the mean
+// pod's noise, the next ones (scattered by a tenth or more) read as a
+// change and were written within the first cycles (1 of 16 seeds). With
+// request rates the engine knows how few requests a reading rests on
+// (countNoise) and writes nothing. CPU alone does not know them, and
+// still may (docs/benchmarks.md, "A restart of the manager").
+func TestRestartWithPodsAtTheFloorWritesNothing(t *testing.T) {
+	base, err := LoadScenario("scenarios/hetero3-20-lowload.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seed := uint64(1); seed <= 16; seed++ {
+		sc := *base
+		sc.Seed = seed
+		sc.Events = []Event{{At: Duration{restartAt(base)}, Type: EventRestart, Downtime: Duration{restartDowntime}}}
+		_, r := runSim(t, &sc, "optimizer")
+		if r.Restarts != 1 {
+			t.Fatalf("seed %d: %d restarts, want 1", seed, r.Restarts)
+		}
+		if r.WritesAfterRestart != 0 || r.SwitchesAfterRestart != 0 {
+			t.Errorf("seed %d: the new manager made %d weight writes and %d balancer switches in its first %d cycles, want none",
+				seed, r.WritesAfterRestart, r.SwitchesAfterRestart, restartWindow)
+		}
+	}
+}
+
 // One-core pods on one-core nodes at a small share of the weight, 256
 // clients, heavy-tailed work: with the rebuild of Envoy before 1.30 (every
 // client's first pick of a light pod within one rotation of the others')
