@@ -11,10 +11,11 @@ import (
 // variance. A reading is weighed against the estimate by their variances
 // (a Kalman filter over a random walk); the walk's step is set so that a
 // settled estimate takes Smoothing of each new reading. The reading's
-// noise is measured from the residuals of all pods (a robust median), a
-// pod's sent fewer requests than the median pod's raised by their count
-// noise (countNoise), a cores reading's from the pod's own (their
-// interquartile range). A
+// noise is measured from the residuals of all pods (a robust median), and
+// raised for a pod sent fewer requests than the median pod by their count
+// noise (countNoise: such a reading weighs less, and such a filter
+// settles to less than Smoothing of each reading); a cores reading's is
+// measured from the pod's own residuals (their interquartile range). A
 // change that persists past the noise (a CUSUM of the innovations in units
 // of their standard deviation) or one reading far outside it restarts the
 // filter: its variance is raised to the reading's, so the estimate moves
@@ -106,7 +107,7 @@ func (f *filter) update(lo, hi, r, extra, corr float64, p Params, bounded, measu
 	g := f.v / (f.v + r)
 	f.m += g * innov
 	f.v *= 1 - g
-	if hi-lo < math.Sqrt(r) {
+	if hi-lo < math.Sqrt(r) { // narrower than its own noise, count noise included
 		f.n++
 	}
 	return false
@@ -254,28 +255,31 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 // beyond the median pod's for resting on fewer requests. A speed read from
 // request rates is requests over the CPU they took, and that CPU is the
 // sum of the requests' work, so it varies as one over their number n times
-// the work's squared coefficient of variation, 1 for the exponential work
-// the solver's M/M/c cost assumes: cv²/n in log scale, with cv² at most
-// 1. The noise measured over the pods (r, measureNoise's median) holds the
-// median pod's cv²/n with the rest of a reading's noise (scrapes
+// the work's squared coefficient of variation: cv²/n in log scale. cv² is
+// taken as at most 1, the exponential work the solver's M/M/c cost
+// assumes (heavier-tailed work is noisier than the engine then takes it
+// to be). The noise measured over the pods (r, measureNoise's median)
+// holds the median pod's cv²/n with the rest of a reading's noise (scrapes
 // misaligned with the windows, load moving under them), which does not
 // fall with n; a pod sent fewer requests adds the difference. So r bounds
 // cv² too: at most r·n of the median pod (work that varies less shows a
 // smaller noise). A pod held at the MaxRatio floor is sent a MaxRatio-th
 // of the mean pod's requests: at 1.3 requests a second (twelve pods at 312
-// a second), 78 over a 1 m window, and its readings scatter by 11% from
-// their count alone. 0 with CPU alone (the requests are not known, and a
-// censored reading, CPU alone's, has none), and while no
-// noise is measured (unmeasured: the prior bounds nothing). The noise is
-// measured over the readings as they are: their median is the median
-// pod's, count noise included, whether or not the noise falls with n
-// (where it does not, readings rescaled to the median pod's read it
-// lower than it is, and noise passed the publish bar).
+// a second in all), 78 over a 1 m window, and its readings scatter by 11%
+// from their count alone. A reading is taken to rest on at least one
+// request (a rate extrapolated from a counter that barely moved can show
+// less), so that its variance stays finite. 0 with CPU alone (the
+// requests are not known, and a censored reading, CPU alone's, has none),
+// and while no noise is measured (unmeasured: the prior bounds nothing).
+// The noise is measured over the readings as they are, the noisier ones
+// included, which raises it where many pods are sent few requests:
+// rescaled to the median pod's, they read it lower than it is where the
+// noise does not fall with n, and noise passed the publish bar.
 func countNoise(c *cycleReadings, window, r float64, unmeasured bool) {
 	var ns []float64
 	for _, rd := range c.pods {
 		if rd.speed.ok && c.fromRequests && rd.requests > 0 {
-			ns = append(ns, rd.requests*window)
+			ns = append(ns, max(rd.requests*window, 1))
 		}
 	}
 	typical := median(ns)
@@ -283,7 +287,7 @@ func countNoise(c *cycleReadings, window, r float64, unmeasured bool) {
 	for i := range c.pods {
 		rd := &c.pods[i]
 		rd.countVar = 0
-		if n := rd.requests * window; !unmeasured && rd.speed.ok && c.fromRequests && n > 0 && n < typical {
+		if n := max(rd.requests*window, 1); !unmeasured && rd.speed.ok && c.fromRequests && rd.requests > 0 && n < typical {
 			rd.countVar = cv2 * (1/n - 1/typical)
 		}
 	}

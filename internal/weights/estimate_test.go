@@ -405,6 +405,7 @@ func TestCountNoise(t *testing.T) {
 		c          *cycleReadings
 		r          float64
 		unmeasured bool
+		noSpeed    int // a pod without a speed reading, when above 0
 		want       []float64
 	}{
 		// 100, 100 and 1 request a second: 6000, 6000 and 60 a window.
@@ -417,11 +418,21 @@ func TestCountNoise(t *testing.T) {
 			want: []float64{0, 0, 0.6 * (1.0/60 - 1.0/6000)}},
 		"a pod sent more than the median": {c: pods(true, 10, 100, 1000), r: 0.0009,
 			want: []float64{1.0/600 - 1.0/6000, 0, 0}},
+		// A rate extrapolated below one request a window rests on one.
+		"less than a request a window": {c: pods(true, 100, 100, 1e-300), r: 0.0009,
+			want: []float64{0, 0, 1 - 1.0/6000}},
+		// A pod without a speed reading is not in the median (with it, the
+		// median would be 33 000, not 60 000) and gets no count noise.
+		"a pod without a reading": {c: pods(true, 1000, 1000, 100, 1), r: 0.0009, noSpeed: 3,
+			want: []float64{0, 0, 1.0/6000 - 1.0/60000, 0}},
 		"CPU alone":         {c: pods(false, 100, 100, 1), r: 0.0009, want: []float64{0, 0, 0}},
 		"no noise measured": {c: pods(true, 100, 100, 1), r: 0.0009, unmeasured: true, want: []float64{0, 0, 0}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
+			if tc.noSpeed > 0 {
+				tc.c.pods[tc.noSpeed].speed.ok = false
+			}
 			countNoise(tc.c, window, tc.r, tc.unmeasured)
 			for i, want := range tc.want {
 				if got := tc.c.pods[i].countVar; math.Abs(got-want) > 1e-12 {

@@ -708,9 +708,6 @@ func TestRestartOnASteadyServiceWritesNothing(t *testing.T) {
 	}
 }
 
-// Weight writes and balancer switches rebuild every client's scheduler; as
-// Envoy rebuilds it (edf.Rebuild), each client starts at its own point of
-// the weighted rotation, so a rebuild sends no burst to the light pods.
 // A restart at low load, where the slow pods sit at the max_weight_ratio
 // floor: their weight does not show their speed, so the new manager takes
 // each one's first reading as its speed, and that reading rests on a
@@ -740,6 +737,9 @@ func TestRestartWithPodsAtTheFloorWritesNothing(t *testing.T) {
 	}
 }
 
+// Weight writes and balancer switches rebuild every client's scheduler; as
+// Envoy rebuilds it (edf.Rebuild), each client starts at its own point of
+// the weighted rotation, so a rebuild sends no burst to the light pods.
 // One-core pods on one-core nodes at a small share of the weight, 256
 // clients, heavy-tailed work: with the rebuild of Envoy before 1.30 (every
 // client's first pick of a light pod within one rotation of the others')
