@@ -276,19 +276,20 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 // rescaled to the median pod's, they read it lower than it is where the
 // noise does not fall with n, and noise passed the publish bar.
 func countNoise(c *cycleReadings, window, r float64, unmeasured bool) {
+	n := make([]float64, len(c.pods)) // 0: no reading from request rates
 	var ns []float64
-	for _, rd := range c.pods {
-		if rd.speed.ok && c.fromRequests && rd.requests > 0 {
-			ns = append(ns, max(rd.requests*window, 1))
+	for i, rd := range c.pods {
+		c.pods[i].countVar = 0
+		if !unmeasured && c.fromRequests && rd.speed.ok && rd.requests > 0 {
+			n[i] = max(rd.requests*window, 1)
+			ns = append(ns, n[i])
 		}
 	}
 	typical := median(ns)
 	cv2 := min(1, r*typical)
 	for i := range c.pods {
-		rd := &c.pods[i]
-		rd.countVar = 0
-		if n := max(rd.requests*window, 1); !unmeasured && rd.speed.ok && c.fromRequests && rd.requests > 0 && n < typical {
-			rd.countVar = cv2 * (1/n - 1/typical)
+		if n[i] > 0 && n[i] < typical {
+			c.pods[i].countVar = cv2 * (1/n[i] - 1/typical)
 		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/liorfranko/istio-adaptive-least-request/internal/weights"
 	"github.com/liorfranko/istio-adaptive-least-request/test/edf"
@@ -672,6 +671,28 @@ func TestHeaderStatesEveryLoad(t *testing.T) {
 	}
 }
 
+// runRestart runs base's optimizer strategy name on seed with a restart of
+// the manager halfway (restartVariant, as the documentation's restart
+// table runs it), and requires that the new manager wrote neither the
+// weights nor the DestinationRule in its first restartWindow cycles.
+func runRestart(t *testing.T, base *Scenario, seed uint64, name string) (*sim, StrategyResult) {
+	t.Helper()
+	sc := *base
+	sc.Seed = seed
+	if !restartVariant("", &sc) {
+		t.Fatalf("%s is not a steady scenario", base.Name)
+	}
+	s, r := runSim(t, &sc, name)
+	if r.Restarts != 1 {
+		t.Fatalf("seed %d, %s: %d restarts, want 1", seed, name, r.Restarts)
+	}
+	if r.WritesAfterRestart != 0 || r.SwitchesAfterRestart != 0 {
+		t.Errorf("seed %d, %s: the new manager made %d weight writes and %d balancer switches in its first %d cycles, want none",
+			seed, name, r.WritesAfterRestart, r.SwitchesAfterRestart, restartWindow)
+	}
+	return s, r
+}
+
 // A manager restart (a crash, a rollout, a leader's failover) on a steady
 // Service: the new manager is seeded from what the cluster holds, as
 // controllers/ seeds it (driver.Restart), and writes neither the weights
@@ -683,18 +704,8 @@ func TestRestartOnASteadyServiceWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for seed := uint64(1); seed <= 6; seed++ {
-		sc := *base
-		sc.Seed = seed
-		sc.Events = []Event{{At: Duration{10 * time.Minute}, Type: EventRestart, Downtime: Duration{15 * time.Second}}}
 		for _, name := range []string{"optimizer", "optimizer_cpu"} {
-			s, r := runSim(t, &sc, name)
-			if r.Restarts != 1 {
-				t.Fatalf("seed %d, %s: %d restarts, want 1", seed, name, r.Restarts)
-			}
-			if r.WritesAfterRestart != 0 || r.SwitchesAfterRestart != 0 {
-				t.Errorf("seed %d, %s: the new manager made %d weight writes and %d balancer switches in its first %d cycles, want none",
-					seed, name, r.WritesAfterRestart, r.SwitchesAfterRestart, restartWindow)
-			}
+			s, r := runRestart(t, base, seed, name)
 			after := 0
 			for _, c := range r.CycleTimes {
 				if c > s.restarts[0] {
@@ -723,17 +734,7 @@ func TestRestartWithPodsAtTheFloorWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for seed := uint64(1); seed <= 16; seed++ {
-		sc := *base
-		sc.Seed = seed
-		sc.Events = []Event{{At: Duration{restartAt(base)}, Type: EventRestart, Downtime: Duration{restartDowntime}}}
-		_, r := runSim(t, &sc, "optimizer")
-		if r.Restarts != 1 {
-			t.Fatalf("seed %d: %d restarts, want 1", seed, r.Restarts)
-		}
-		if r.WritesAfterRestart != 0 || r.SwitchesAfterRestart != 0 {
-			t.Errorf("seed %d: the new manager made %d weight writes and %d balancer switches in its first %d cycles, want none",
-				seed, r.WritesAfterRestart, r.SwitchesAfterRestart, restartWindow)
-		}
+		runRestart(t, base, seed, "optimizer")
 	}
 }
 
