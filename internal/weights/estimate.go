@@ -193,8 +193,8 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 			// filter on one noisy reading, and its misfit as noise; it is
 			// taken as the speed instead, settled, for calibrateTo to
 			// start from (a pod the live weights hold at the MaxRatio
-			// floor keeps this reading: its share does not show its
-			// speed).
+			// floor keeps this reading, in the others' units: its share
+			// does not show its speed).
 			started++
 			st.speed.m, st.speed.up, st.speed.down, st.speed.changed = hi, 0, 0, false
 			if !rd.speed.upper {

@@ -329,10 +329,15 @@ func (e *Engine) decidePods(set []Pod, models []podModel, c cycleReadings, refSh
 // pods marked in cal move (see calibrateSet: a pod without data this cycle
 // waits for its first cycle with data). A pod behind (a backlog or at its
 // limit) is left: the solver bounds its traffic, so its speed does not
-// set its share.
+// set its share. A pod held at the MaxRatio floor throughout keeps its
+// reading, moved by the median of the others' moves into their units.
 func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c cycleReadings, refShares []float64, noDataShare, load float64, cal []bool) float64 {
 	step := make([]float64, len(set))
 	prev := make([]float64, len(set))
+	moved := make([]float64, len(set)) // each pod's log capacity moved in all
+	stepped := make([]bool, len(set))  // the steps judged its share
+	shown := make([]bool, len(set))    // its solved share was above the MaxRatio floor
+	floor := 1 / (float64(len(set)) * e.params.MaxRatio)
 	for i := range step {
 		step[i] = 1
 	}
@@ -352,6 +357,10 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 			if !cal[i] || st == nil || !st.speed.known || !(refShares[i] > 0) || !(ps[i] > 0) || dp[i].fixed || dp[i].overloaded || !math.IsInf(dp[i].upper, 1) {
 				continue
 			}
+			stepped[i] = true
+			if ps[i] > floor*(1+1e-9) { // above it by more than float rounding
+				shown[i] = true
+			}
 			gap := math.Log(refShares[i] / ps[i])
 			if gap*prev[i] < 0 {
 				step[i] /= 2
@@ -361,6 +370,7 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 				done = false
 			}
 			d := min(max(step[i]*gap, -1), 1)
+			moved[i] += d
 			if share := e.coresShare(pod, st); share > 0 {
 				m := math.Log(clampCores(pod, math.Exp(st.cores.m+share*d)))
 				d -= m - st.cores.m
@@ -370,6 +380,28 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 		}
 		if done {
 			break
+		}
+	}
+	// A pod whose share sat at the floor in every round keeps its
+	// reading (see estimate), in the readings' units, while the steps put
+	// the others in the live weights'. The two units differ by one
+	// offset, which the pods whose shares showed their speeds measure,
+	// each with its own reading's error: the median of their moves. Left
+	// in the readings' units, a floored pod stood apart from the others by
+	// that offset, the more the lower the load (the solver leans to fast
+	// pods, so their steps are long): after restarts at 20% load, slow
+	// pods calibrated at half their speed beside the fast ones, and their
+	// next readings read as jumps.
+	var offsets []float64
+	for i := range set {
+		if shown[i] {
+			offsets = append(offsets, moved[i])
+		}
+	}
+	offset := median(offsets)
+	for i, pod := range set {
+		if stepped[i] && !shown[i] {
+			e.pods[pod.Name].speed.m += offset - moved[i]
 		}
 	}
 	// The steps may move every speed alike, which the load follows and
