@@ -297,12 +297,14 @@ func checkManagerDownJob(t *testing.T, root string, alerts []string) {
 // serveSituations exports the operator's metrics (package metrics, as the
 // manager registers them) on a loopback port, set up as these services:
 //
-//	healthy   optimizing, everything normal (weights spread 12x)
+//	healthy   optimizing, everything normal
 //	fallback  weights fell back to equal
 //	failing   the metrics backend is unreachable (holding)
 //	empty     the CPU query returns no series (holding)
 //	nodata    the engine found no CPU data (NoData)
-//	wide      weight spread at the limit
+//	wide      a pod estimated at a twentieth of the mean capacity or less
+//	lowload   the weights spread 58x (low load leans to the fast pods), the
+//	          capacities within 3x: no alert
 //	stuck     endpoints but no optimization cycles
 //	storm     the ServiceEntry is rewritten 10 times a second
 //	idle      no endpoints and no cycles
@@ -318,11 +320,15 @@ func serveSituations(t *testing.T) string {
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	services := []string{"healthy", "fallback", "failing", "empty", "nodata", "wide", "stuck", "storm", "idle"}
+	services := []string{"healthy", "fallback", "failing", "empty", "nodata", "wide", "lowload", "stuck", "storm", "idle"}
 	mode := map[string]string{
 		"healthy": "Optimizing", "fallback": "Fallback", "failing": "Holding", "empty": "Holding",
-		"nodata": "NoData", "wide": "Optimizing", "storm": "Optimizing",
+		"nodata": "NoData", "wide": "Optimizing", "lowload": "Steady", "storm": "Optimizing",
 	}
+	// Weights (mean 2000: max_weight_ratio 20) and relative capacity
+	// estimates (mean 1) where they are not the default's.
+	weights := map[string][]uint32{"wide": {100, 2950, 2950}, "lowload": {100, 100, 5800}}
+	capacities := map[string][]float64{"wide": {0.045, 1.4, 1.555}, "lowload": {0.6, 0.9, 1.5}}
 	f := func(v float64) *float64 { return &v }
 	for i, svc := range services {
 		if svc == "idle" {
@@ -331,10 +337,14 @@ func serveSituations(t *testing.T) string {
 		}
 		var pods []metrics.PodSample
 		for j := range 3 {
+			w, c := uint32(1600+400*j), 0.8+0.2*float64(j)
+			if ws := weights[svc]; ws != nil {
+				w, c = ws[j], capacities[svc][j]
+			}
 			pods = append(pods, metrics.PodSample{
 				Pod: fmt.Sprintf("%s-%d", svc, j), IP: fmt.Sprintf("127.0.%d.%d", i+1, j+1),
-				Locality: "eu/eu-1a/", Weight: uint32(800 + 200*j), Signals: true,
-				CPU: f(0.4 + 0.1*float64(j)), RequestRate: f(100), Capacity: f(0.8 + 0.2*float64(j)),
+				Locality: "eu/eu-1a/", Weight: w, Signals: true,
+				CPU: f(0.4 + 0.1*float64(j)), RequestRate: f(100), Capacity: f(c),
 			})
 		}
 		m.SetPods(ns, svc, pods)
@@ -345,10 +355,8 @@ func serveSituations(t *testing.T) string {
 			m.SetMode(ns, svc, md)
 		}
 	}
-	m.WeightSpread.WithLabelValues(ns, "wide").Set(20)
-	// A spread past ratio 10's limit but within the default 20's is not at
-	// the limit.
-	m.WeightSpread.WithLabelValues(ns, "healthy").Set(12)
+	m.WeightSpread.WithLabelValues(ns, "wide").Set(29.5)
+	m.WeightSpread.WithLabelValues(ns, "lowload").Set(58)
 	// Series that exist at zero must not alert.
 	m.QueryErrors.WithLabelValues(ns, "healthy", "cpu", "unreachable").Add(0)
 	m.Fallbacks.WithLabelValues(ns, "healthy").Add(0)
