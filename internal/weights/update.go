@@ -334,9 +334,10 @@ func (e *Engine) decidePods(set []Pod, models []podModel, c cycleReadings, refSh
 func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c cycleReadings, refShares []float64, noDataShare, load float64, cal []bool) float64 {
 	step := make([]float64, len(set))
 	prev := make([]float64, len(set))
-	moved := make([]float64, len(set)) // each pod's log capacity moved in all
-	stepped := make([]bool, len(set))  // the steps judged its share
-	shown := make([]bool, len(set))    // its solved share was above the MaxRatio floor
+	moved := make([]float64, len(set))  // each pod's log speed moved in all
+	stepped := make([]bool, len(set))   // the steps judged its share
+	shown := make([]bool, len(set))     // its solved share was above the MaxRatio floor in some round
+	shownLast := make([]bool, len(set)) // and in the last
 	floor := 1 / (float64(len(set)) * e.params.MaxRatio)
 	for i := range step {
 		step[i] = 1
@@ -358,10 +359,20 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 				continue
 			}
 			stepped[i] = true
-			if ps[i] > floor*(1+1e-9) { // above it by more than float rounding
-				shown[i] = true
-			}
 			gap := math.Log(refShares[i] / ps[i])
+			// At the floor (to float rounding: clampRatio sets it
+			// exactly, and normalizing errs by ulps, far below the
+			// hundredth a weight unit is at the floor), the solved share
+			// cannot fall: a live share below it (the live weights'
+			// floor rounded to whole units, their mean not exactly the
+			// engine's) is no gap a step closes, and stepping on it
+			// drifted the speed by up to a factor of 2.5 over the rounds.
+			atFloor := ps[i] <= floor*(1+1e-9)
+			shownLast[i] = !atFloor
+			shown[i] = shown[i] || !atFloor
+			if atFloor && gap <= 0 {
+				continue
+			}
 			if gap*prev[i] < 0 {
 				step[i] /= 2
 			}
@@ -370,13 +381,13 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 				done = false
 			}
 			d := min(max(step[i]*gap, -1), 1)
-			moved[i] += d
 			if share := e.coresShare(pod, st); share > 0 {
 				m := math.Log(clampCores(pod, math.Exp(st.cores.m+share*d)))
 				d -= m - st.cores.m
 				st.cores.m = m
 			}
 			st.speed.m += d
+			moved[i] += d
 		}
 		if done {
 			break
@@ -385,16 +396,19 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 	// A pod whose share sat at the floor in every round keeps its
 	// reading (see estimate), in the readings' units, while the steps put
 	// the others in the live weights'. The two units differ by one
-	// offset, which the pods whose shares showed their speeds measure,
-	// each with its own reading's error: the median of their moves. Left
-	// in the readings' units, a floored pod stood apart from the others by
-	// that offset, the more the lower the load (the solver leans to fast
-	// pods, so their steps are long): after restarts at 20% load, slow
-	// pods calibrated at half their speed beside the fast ones, and their
-	// next readings read as jumps.
+	// offset, which the pods whose shares show their speeds measure, each
+	// with its own reading's error: the median of their speeds' moves
+	// (not their cores': fitScale's units are the speeds'). A pod that
+	// ended at the floor after rounds above it has a move that only
+	// bounds its speed, and is left out of the median. Left in the
+	// readings' units, a floored pod stood apart from the others by that
+	// offset, the more the lower the load (the solver leans to fast pods,
+	// so their steps are long): after restarts at 20% load, slow pods
+	// calibrated at half their speed beside the fast ones, and their next
+	// readings read as jumps.
 	var offsets []float64
 	for i := range set {
-		if shown[i] {
+		if stepped[i] && shownLast[i] {
 			offsets = append(offsets, moved[i])
 		}
 	}
