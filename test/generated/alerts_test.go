@@ -69,6 +69,7 @@ func TestAlertRules(t *testing.T) {
 		"IstioAdaptiveOptimizerMetricsMissing/nodata",
 		"IstioAdaptiveOptimizerReconcilerErrors/broken",
 		"IstioAdaptiveOptimizerWeightSpreadAtLimit/wide",
+		"IstioAdaptiveOptimizerWeightSpreadAtLimit/wide10",
 		"IstioAdaptiveOptimizerNoCycles/stuck",
 		"IstioAdaptiveOptimizerServiceEntryWriteStorm/storm",
 		// The test's scrape job is not the manager's, so the manager is "down".
@@ -303,6 +304,9 @@ func checkManagerDownJob(t *testing.T, root string, alerts []string) {
 //	empty     the CPU query returns no series (holding)
 //	nodata    the engine found no CPU data (NoData)
 //	wide      a pod estimated at a twentieth of the mean capacity or less
+//	wide10    max_weight_ratio 10 (mean weight 1000), a pod at 0.08 of the
+//	          mean capacity, under a tenth: an alert
+//	near      a pod at 0.06 of the mean capacity, over a twentieth: none
 //	lowload   the weights spread 58x (low load leans to the fast pods), the
 //	          capacities within 3x: no alert
 //	stuck     endpoints but no optimization cycles
@@ -320,15 +324,15 @@ func serveSituations(t *testing.T) string {
 	if err := m.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	services := []string{"healthy", "fallback", "failing", "empty", "nodata", "wide", "lowload", "stuck", "storm", "idle"}
+	services := []string{"healthy", "fallback", "failing", "empty", "nodata", "wide", "wide10", "near", "lowload", "stuck", "storm", "idle"}
 	mode := map[string]string{
 		"healthy": "Optimizing", "fallback": "Fallback", "failing": "Holding", "empty": "Holding",
-		"nodata": "NoData", "wide": "Optimizing", "lowload": "Steady", "storm": "Optimizing",
+		"nodata": "NoData", "wide": "Optimizing", "wide10": "Steady", "near": "Steady", "lowload": "Steady", "storm": "Optimizing",
 	}
 	// Weights (mean 2000: max_weight_ratio 20) and relative capacity
 	// estimates (mean 1) where they are not the default's.
-	weights := map[string][]uint32{"wide": {100, 2950, 2950}, "lowload": {100, 100, 5800}}
-	capacities := map[string][]float64{"wide": {0.045, 1.4, 1.555}, "lowload": {0.6, 0.9, 1.5}}
+	weights := map[string][]uint32{"wide": {100, 2950, 2950}, "wide10": {100, 1450, 1450}, "near": {120, 2940, 2940}, "lowload": {100, 100, 5800}}
+	capacities := map[string][]float64{"wide": {0.045, 1.4, 1.555}, "wide10": {0.08, 1.46, 1.46}, "near": {0.06, 1.47, 1.47}, "lowload": {0.6, 0.9, 1.5}}
 	f := func(v float64) *float64 { return &v }
 	for i, svc := range services {
 		if svc == "idle" {
