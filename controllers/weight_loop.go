@@ -341,7 +341,7 @@ func (l *WeightLoop) cycle(ctx context.Context, logger logr.Logger, key types.Na
 		}
 	}
 	out.Signals = l.Book.noteSignals(key, avail)
-	l.publish(tgt, eps, obs, out)
+	l.publish(tgt, eps, obs, out, s.Params.MaxRatio)
 	if out.Result.Changed {
 		logger.Info("Weights changed", "mode", out.Result.Mode, "dryRun", s.DryRun, "early", out.Early, "message", out.Result.Message)
 	}
@@ -479,7 +479,7 @@ func podSignals(into map[string]weights.Signal, pods []string, a answers, cpuOK 
 	}
 }
 
-func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Observation, out Outcome) {
+func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Observation, out Outcome, maxRatio float64) {
 	m := l.Metrics
 	samples := make([]metrics.PodSample, 0, len(eps))
 	for _, ep := range eps {
@@ -508,6 +508,7 @@ func (l *WeightLoop) publish(tgt target, eps []desired.Endpoint, obs weights.Obs
 	m.Cycles.WithLabelValues(tgt.namespace, tgt.service, string(out.Result.Mode)).Inc()
 	m.SetMode(tgt.namespace, tgt.service, string(out.Result.Mode))
 	m.WeightSpread.WithLabelValues(tgt.namespace, tgt.service).Set(spread(out.Result.Weights))
+	m.MaxWeightRatio.WithLabelValues(tgt.namespace, tgt.service).Set(maxRatio)
 	if out.Result.Mode == weights.ModeFallback && out.Result.Changed {
 		m.Fallbacks.WithLabelValues(tgt.namespace, tgt.service).Inc()
 	}

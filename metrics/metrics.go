@@ -23,6 +23,7 @@ type Metrics struct {
 	Fallbacks        *prometheus.CounterVec
 	Mode             *prometheus.GaugeVec
 	WeightSpread     *prometheus.GaugeVec
+	MaxWeightRatio   *prometheus.GaugeVec
 	ServiceEndpoints *prometheus.GaugeVec
 	Condition        *prometheus.GaugeVec
 	WatchErrors      *prometheus.CounterVec
@@ -109,6 +110,10 @@ func New() *Metrics {
 			Name: "optimizer_weight_spread",
 			Help: "Largest weight divided by smallest weight of a service.",
 		}, serviceLabels),
+		MaxWeightRatio: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "optimizer_max_weight_ratio",
+			Help: "The max_weight_ratio the weight engine bounds a service's weights with (mean/ratio to mean*ratio).",
+		}, serviceLabels),
 		ServiceEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "optimizer_endpoints",
 			Help: "Ready endpoints mirrored into the ServiceEntry.",
@@ -168,7 +173,7 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.EndpointWeight, m.ReconcilerErrors, m.QueryLatency, m.QueryErrors, m.PodCPU,
 		m.PodRequestRate, m.PodCapacity, m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode,
-		m.WeightSpread, m.ServiceEndpoints, m.Condition, m.WatchErrors, m.SignalAvailable, m.TrafficCoverage,
+		m.WeightSpread, m.MaxWeightRatio, m.ServiceEndpoints, m.Condition, m.WatchErrors, m.SignalAvailable, m.TrafficCoverage,
 		m.InvalidObjects, m.CycleLateness,
 	}
 }
@@ -214,7 +219,7 @@ func (m *Metrics) ForgetService(namespace, service string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.QueryLatency, m.QueryErrors,
-		m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.ServiceEndpoints, m.SignalAvailable, m.TrafficCoverage} {
+		m.Cycles, m.Alarms, m.Writes, m.Fallbacks, m.Mode, m.WeightSpread, m.MaxWeightRatio, m.ServiceEndpoints, m.SignalAvailable, m.TrafficCoverage} {
 		v.DeletePartialMatch(svc)
 	}
 }

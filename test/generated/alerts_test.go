@@ -1,6 +1,7 @@
 package generated
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -304,8 +305,8 @@ func checkManagerDownJob(t *testing.T, root string, alerts []string) {
 //	empty     the CPU query returns no series (holding)
 //	nodata    the engine found no CPU data (NoData)
 //	wide      a pod estimated at a twentieth of the mean capacity or less
-//	wide10    max_weight_ratio 10 (mean weight 1000), a pod at 0.08 of the
-//	          mean capacity, under a tenth: an alert
+//	wide10    max_weight_ratio 10, a pod at 0.08 of the mean capacity, under
+//	          a tenth: an alert (the live weights still at ratio 20's scale)
 //	near      a pod at 0.06 of the mean capacity, over a twentieth: none
 //	lowload   the weights spread 58x (low load leans to the fast pods), the
 //	          capacities within 3x: no alert
@@ -330,8 +331,10 @@ func serveSituations(t *testing.T) string {
 		"nodata": "NoData", "wide": "Optimizing", "wide10": "Steady", "near": "Steady", "lowload": "Steady", "storm": "Optimizing",
 	}
 	// Weights (mean 2000: max_weight_ratio 20) and relative capacity
-	// estimates (mean 1) where they are not the default's.
-	weights := map[string][]uint32{"wide": {100, 2950, 2950}, "wide10": {100, 1450, 1450}, "near": {120, 2940, 2940}, "lowload": {100, 100, 5800}}
+	// estimates (mean 1) where they are not the default's, and the ratio
+	// where it is not 20.
+	weights := map[string][]uint32{"wide": {100, 2950, 2950}, "wide10": {120, 2940, 2940}, "near": {120, 2940, 2940}, "lowload": {100, 100, 5800}}
+	ratio := map[string]float64{"wide10": 10}
 	capacities := map[string][]float64{"wide": {0.045, 1.4, 1.555}, "wide10": {0.08, 1.46, 1.46}, "near": {0.06, 1.47, 1.47}, "lowload": {0.6, 0.9, 1.5}}
 	f := func(v float64) *float64 { return &v }
 	for i, svc := range services {
@@ -355,6 +358,7 @@ func serveSituations(t *testing.T) string {
 		m.ServiceEndpoints.WithLabelValues(ns, svc).Set(3)
 		m.QueryLatency.WithLabelValues(svc, ns).Set(0.05)
 		m.WeightSpread.WithLabelValues(ns, svc).Set(1.5)
+		m.MaxWeightRatio.WithLabelValues(ns, svc).Set(cmp.Or(ratio[svc], 20))
 		if md := mode[svc]; md != "" {
 			m.SetMode(ns, svc, md)
 		}
