@@ -96,31 +96,20 @@ func (s *signalSource) Query(_ context.Context, tmpl string, _ promsource.Target
 // (and then the query is not run).
 func TestNodeCPUSignalIsQueriedAndExported(t *testing.T) {
 	for _, disabled := range []bool{false, true} {
-		clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
-		book := NewWeightBook()
 		d := DefaultEngineDefaults()
-		key := types.NamespacedName{Namespace: "ns", Name: "web"}
-		book.Applied(key, d.Params, clk.Now(), []desired.Endpoint{{Pod: "web-0", Node: "n1", Weight: 1000}, {Pod: "web-1", Node: "n2", Weight: 1000}})
-		src := &signalSource{asked: map[string]bool{}, answers: map[string]map[string]float64{
-			d.CPUQuery:     {"web-0": 0.5, "web-1": 0.5},
-			d.RequestQuery: {"web-0": 50, "web-1": 50},
-			d.NodeCPUQuery: {"web-0": 3.5, "web-1": 1.25},
-		}}
-		m := metrics.New()
-		loop := &WeightLoop{Source: src, Book: book, Clock: clk, Metrics: m, Wake: make(chan event.GenericEvent, 1)}
 		opt := optimizerFor("ns", "web")
 		if disabled {
 			opt.Spec.Optimization = &optv1.Optimization{NodeCPUQuery: "-"}
 		}
-		s, err := settingsFor(opt, d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
+		m, book, src := cycleOnce(t, opt, map[string]map[string]float64{
+			d.CPUQuery:     {"web-0": 0.5, "web-1": 0.5},
+			d.RequestQuery: {"web-0": 50, "web-1": 50},
+			d.NodeCPUQuery: {"web-0": 3.5, "web-1": 1.25},
+		})
 		if src.asked[d.NodeCPUQuery] == disabled {
 			t.Errorf("disabled=%v: node CPU query asked=%v", disabled, src.asked[d.NodeCPUQuery])
 		}
-		out := book.Outcome(key)
+		out := book.Outcome(types.NamespacedName{Namespace: "ns", Name: "web"})
 		if out == nil || out.Signals.NodeCPU == disabled || out.Signals.NodeCPUDisabled != disabled {
 			t.Fatalf("disabled=%v: outcome signals %+v", disabled, out)
 		}
@@ -132,6 +121,50 @@ func TestNodeCPUSignalIsQueriedAndExported(t *testing.T) {
 			t.Errorf(`disabled=%v: optimizer_signal_available{signal="node_cpu"} = %v, want %v`, disabled, got, want)
 		}
 	}
+}
+
+// optimizer_max_weight_ratio is the ratio the engine bounds the weights
+// with, the default's or the resource's: the spread alert reads it next to
+// the capacity estimates, not the live weights' scale, which keeps a
+// changed ratio's old one until the next write.
+func TestMaxWeightRatioIsExported(t *testing.T) {
+	for _, ratio := range []int64{0, 50} {
+		d := DefaultEngineDefaults()
+		opt := optimizerFor("ns", "web")
+		want := d.Params.MaxRatio
+		if ratio > 0 {
+			opt.Spec.Optimization = &optv1.Optimization{MaxWeightRatio: &ratio}
+			want = float64(ratio)
+		}
+		m, _, _ := cycleOnce(t, opt, map[string]map[string]float64{
+			d.CPUQuery:     {"web-0": 0.5, "web-1": 0.5},
+			d.RequestQuery: {"web-0": 50, "web-1": 50},
+		})
+		if got := testutil.ToFloat64(m.MaxWeightRatio.WithLabelValues("ns", "web")); got != want {
+			t.Errorf("max_weight_ratio %d: optimizer_max_weight_ratio = %v, want %v", ratio, got, want)
+		}
+	}
+}
+
+// cycleOnce runs one weight cycle of opt (for ns/web) over two pods at
+// weight 1000 on nodes n1 and n2, the metrics backend answering each query
+// with answers[query], and returns the loop's metrics, book and source.
+func cycleOnce(t *testing.T, opt *optv1.IstioAdaptiveRequestOptimizer, answers map[string]map[string]float64) (*metrics.Metrics, *WeightBook, *signalSource) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
+	book := NewWeightBook()
+	d := DefaultEngineDefaults()
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	book.Applied(key, d.Params, clk.Now(), []desired.Endpoint{{Pod: "web-0", Node: "n1", Weight: 1000}, {Pod: "web-1", Node: "n2", Weight: 1000}})
+	src := &signalSource{asked: map[string]bool{}, answers: answers}
+	m := metrics.New()
+	loop := &WeightLoop{Source: src, Book: book, Clock: clk, Metrics: m, Wake: make(chan event.GenericEvent, 1)}
+	s, err := settingsFor(opt, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loop.cycle(context.Background(), logr.Discard(), key, target{"ns", "web"}, s)
+	return m, book, src
 }
 
 // Each pod's node CPU reaches the engine's signal; a pod the query did not
