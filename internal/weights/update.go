@@ -409,7 +409,7 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 	// readings read as jumps.
 	var offsets []float64
 	for i := range set {
-		if stepped[i] && shownLast[i] {
+		if shownLast[i] { // set only for pods the steps judged
 			offsets = append(offsets, moved[i])
 		}
 	}
