@@ -237,5 +237,12 @@ a failed test. The kinds seen so far:
   for minutes, because the bar is set by the noise of the one pod whose
   estimate costs most ([troubleshooting.md](troubleshooting.md), "Weights
   are not moving", ` + "`Steady`" + `).
+- a load a few percent under the utilisation cap, opted in from equal
+  weights that had queued the small pods: the load's estimate keeps the
+  work of those queues for minutes and reads the load past the cap, so the
+  Service runs capacity shares under ` + "`LEAST_REQUEST`" + ` (` + "`AtCapacity`" + `) where
+  the best static weights fill many-core pods fuller
+  ([troubleshooting.md](troubleshooting.md), "` + "`AtCapacity`" + ` for minutes
+  after opting in").
 
 `
