@@ -374,6 +374,45 @@ func TestSpeedJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 	}
 }
 
+// A pod at its limit gives only a bound on its speed (CPU alone): a bound
+// far under the estimate restarts it below the bound, as a jump does, and
+// like a jump it is a change to follow past the dead band only once the
+// readings' noise is measured. Before, it is the estimate's own error:
+// near full load on CPU alone the first cycles put pods at their limit
+// with bounds 4-10% under estimates still being learned, and followed as
+// changes they kept the dead band off for the filter's memory, so small
+// refinements were written after the weights had settled.
+func TestSpeedBoundAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
+	set := []Pod{{Name: "a"}, {Name: "p"}}
+	run := func(e *Engine) *podState {
+		for range 4 {
+			e.estimate(set, speedReadings(len(set), 1, 0), false)
+		}
+		c := speedReadings(len(set), 1, -0.1) // at its limit: at most 10% slower
+		c.pods[1].speed.upper = true
+		e.estimate(set, c, false)
+		return e.pods["p"]
+	}
+	e := New(DefaultParams())
+	st := run(e)
+	if e.noiseCycles != 0 {
+		t.Fatalf("two pods measured the noise (%d cycles): no test", e.noiseCycles)
+	}
+	if gap := e.pods["a"].speed.m - st.speed.m; gap < 0.05 {
+		t.Fatalf("a bound 0.1 (log) under the estimate left it %.3f under its peer's, want it restarted below the bound", gap)
+	}
+	if st.speed.changed || e.followingChange(set) {
+		t.Errorf("a bound judged against the prior's noise is followed as a change (changed %v)", st.speed.changed)
+	}
+
+	e = New(DefaultParams())
+	e.noiseCycles = 1 // the same 1%, measured by a cycle (or a snapshot's)
+	st = run(e)
+	if !st.speed.changed || !e.followingChange(set) {
+		t.Errorf("a bound 0.1 (log) under the estimate against a measured 1%% noise is not followed as a change (%.3f under its peer)", e.pods["a"].speed.m-st.speed.m)
+	}
+}
+
 // speedReadings is a cycle's readings for n pods, each with a speed
 // reading of 0 (log) but pod i's, at p.
 func speedReadings(n, i int, p float64) *cycleReadings {
