@@ -337,79 +337,62 @@ func TestCoresJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 	}
 }
 
-// A speed jump judged against the prior's noise, before any cycle measured
-// the readings' noise, restarts the estimate but is no change to follow
-// past the dead band; once a cycle has measured it (or a snapshot brought
-// it), the same jump is one. Two pods never measure it (measureNoise needs
-// three narrow readings), so without the rule every restart of their
-// estimates kept the dead band off for the filter's memory. (The scale
-// fit splits the jump between the two: each moves by half of it.)
-func TestSpeedJumpAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
+// A speed estimate restarted against the prior's noise, before any cycle
+// measured the readings' noise, is no change to follow past the dead band;
+// once a cycle has measured it (or a snapshot brought it), the same
+// restart is one. Two restarts: a jump, and a bound far under the estimate
+// from a pod at its limit (CPU alone), which restarts it below the bound.
+// Two pods never measure the noise (measureNoise needs three narrow
+// readings), so without the rule every restart of their estimates kept the
+// dead band off for the filter's memory. Near full load on CPU alone the
+// first cycles put pods at their limit with bounds 4-10% under estimates
+// still being learned: followed as changes, they let small refinements be
+// written after the weights had settled. (The scale fit splits a jump
+// between the two pods: each moves by half of it.)
+func TestRestartAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
 	set := []Pod{{Name: "a"}, {Name: "p"}}
-	run := func(e *Engine) *podState {
-		at := func(p float64) *cycleReadings { return speedReadings(len(set), 1, p) }
-		for range 4 {
-			e.estimate(set, at(0), false)
-		}
-		e.estimate(set, at(0.3), false) // 35% faster in one reading
-		return e.pods["p"]
-	}
-	e := New(DefaultParams())
-	st := run(e)
-	if e.noiseCycles != 0 {
-		t.Fatalf("two pods measured the noise (%d cycles): no test", e.noiseCycles)
-	}
-	if gap := st.speed.m - e.pods["a"].speed.m; gap < 0.25 {
-		t.Fatalf("a jump of 0.3 (log) left the estimate %.3f above its peer's, want it restarted at the reading", gap)
-	}
-	if st.speed.changed || e.followingChange(set) {
-		t.Errorf("a jump judged against the prior's noise is followed as a change (changed %v)", st.speed.changed)
-	}
-
-	e = New(DefaultParams())
-	e.noiseCycles = 1 // the same 1%, measured by a cycle (or a snapshot's)
-	st = run(e)
-	if !st.speed.changed || !e.followingChange(set) {
-		t.Errorf("a jump of 0.3 (log) against a measured 1%% noise is not followed as a change (%.3f above its peer)", st.speed.m-e.pods["a"].speed.m)
-	}
-}
-
-// A pod at its limit gives only a bound on its speed (CPU alone): a bound
-// far under the estimate restarts it below the bound, as a jump does, and
-// like a jump it is a change to follow past the dead band only once the
-// readings' noise is measured. Before, it is the estimate's own error:
-// near full load on CPU alone the first cycles put pods at their limit
-// with bounds 4-10% under estimates still being learned, and followed as
-// changes they kept the dead band off for the filter's memory, so small
-// refinements were written after the weights had settled.
-func TestSpeedBoundAgainstAnUnmeasuredNoiseIsNoChange(t *testing.T) {
-	set := []Pod{{Name: "a"}, {Name: "p"}}
-	run := func(e *Engine) *podState {
-		for range 4 {
-			e.estimate(set, speedReadings(len(set), 1, 0), false)
-		}
+	bound := func() *cycleReadings {
 		c := speedReadings(len(set), 1, -0.1) // at its limit: at most 10% slower
 		c.pods[1].speed.upper = true
-		e.estimate(set, c, false)
-		return e.pods["p"]
+		return c
 	}
-	e := New(DefaultParams())
-	st := run(e)
-	if e.noiseCycles != 0 {
-		t.Fatalf("two pods measured the noise (%d cycles): no test", e.noiseCycles)
-	}
-	if gap := e.pods["a"].speed.m - st.speed.m; gap < 0.05 {
-		t.Fatalf("a bound 0.1 (log) under the estimate left it %.3f under its peer's, want it restarted below the bound", gap)
-	}
-	if st.speed.changed || e.followingChange(set) {
-		t.Errorf("a bound judged against the prior's noise is followed as a change (changed %v)", st.speed.changed)
-	}
+	for _, tc := range []struct {
+		name string
+		last func() *cycleReadings // the fifth cycle's, after four at 0
+		dir  float64               // which side of its peer the restart puts p
+		gap  float64               // how far, at least (log)
+	}{
+		{"a jump 35% faster", func() *cycleReadings { return speedReadings(len(set), 1, 0.3) }, 1, 0.25},
+		{"a bound 10% slower at its limit", bound, -1, 0.05},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := func(e *Engine) (gap float64, changed, following bool) {
+				for range 4 {
+					e.estimate(set, speedReadings(len(set), 1, 0), false)
+				}
+				e.estimate(set, tc.last(), false)
+				st := e.pods["p"]
+				return tc.dir * (st.speed.m - e.pods["a"].speed.m), st.speed.changed, e.followingChange(set)
+			}
+			e := New(DefaultParams())
+			gap, changed, following := run(e)
+			if e.noiseCycles != 0 {
+				t.Fatalf("two pods measured the noise (%d cycles): no test", e.noiseCycles)
+			}
+			if gap < tc.gap {
+				t.Fatalf("the estimate is %.3f from its peer's, want it restarted at least %.2f away", gap, tc.gap)
+			}
+			if changed || following {
+				t.Errorf("judged against the prior's noise it is followed as a change (changed %v, following %v)", changed, following)
+			}
 
-	e = New(DefaultParams())
-	e.noiseCycles = 1 // the same 1%, measured by a cycle (or a snapshot's)
-	st = run(e)
-	if !st.speed.changed || !e.followingChange(set) {
-		t.Errorf("a bound 0.1 (log) under the estimate against a measured 1%% noise is not followed as a change (%.3f under its peer)", e.pods["a"].speed.m-st.speed.m)
+			e = New(DefaultParams())
+			e.noiseCycles = 1 // the same 1%, measured by a cycle (or a snapshot's)
+			gap, changed, following = run(e)
+			if !changed || !following {
+				t.Errorf("against a measured 1%% noise it is not followed as a change (%.3f from its peer, changed %v, following %v)", gap, changed, following)
+			}
+		})
 	}
 }
 
