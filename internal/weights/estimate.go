@@ -143,10 +143,9 @@ func (f *filter) restate(r float64, was *float64, measuring bool) {
 // measured (measured): judged against the prior's percent, a bound a few
 // percent under an estimate still being learned is that estimate's error,
 // not the pod changing. Followed as a change, it kept the dead band off
-// for the filter's memory (a pod at its limit takes no narrow reading, so
-// for most of a run near full load), and on CPU alone 2 of the 224 runs
-// of the shipped steady scenarios (16 seeds each) wrote after settling;
-// none do now.
+// for the filter's memory (longer for a pod often at its limit: bounds do
+// not count toward it), and on CPU alone 2 of 224 runs (the shipped
+// scenarios, 16 seeds each) wrote after settling; none do now.
 func (f *filter) censor(b, r float64, p Params, measured bool) {
 	if !f.known {
 		f.m, f.v, f.known = b-math.Sqrt(r), r, true
