@@ -208,9 +208,10 @@ func TestNoiseOnOneSignalWritesNothing(t *testing.T) {
 // limit put the bound 10% below the speed, the filter took it as a change,
 // and the weights moved 1-59 times a run.
 //
-// Near full load with limits the target (no write) is not met: the load
-// estimate crosses the cap by chance and pods read at their limit, and
-// some runs write a few times. Over 80 seeds at 85% and 90% with limits,
+// Near full load with limits the target (no write) is not met: pods read
+// at their limit by chance, near the cap a few percent of capacity moves
+// the solver's answer steeply (at times the load's estimate passes the
+// cap), and some runs write a few times. Over 80 seeds at 85% and 90% with limits,
 // 160 runs, 138 write at most twice and 22 more often (225 writes in all).
 // Judged per run on a few seeds, the test passed or failed on which seeds
 // they were; it judges the distribution: the typical run writes nothing,
