@@ -29,7 +29,7 @@ type filter struct {
 	// changed: the filter restarted on a change the data showed (a jump,
 	// a CUSUM or a censored reading's backoff), not on its first reading,
 	// nor on a restart judged against a noise not yet measured (see
-	// update).
+	// restart).
 	changed bool
 	// n counts the narrow readings (narrower than the noise) since the
 	// last restart: 1 after a jump's, 0 after a censored reading's
@@ -37,6 +37,14 @@ type filter struct {
 	n int
 
 	up, down float64 // the CUSUM of innovations above and below, in sds
+}
+
+// restart starts f afresh at m with variance v and n narrow readings,
+// after a jump, a CUSUM or a censored reading's backoff: a change the
+// data showed when the readings' noise it was judged against was measured
+// (measured), else the estimate's own error.
+func (f *filter) restart(m, v float64, n int, measured bool) {
+	f.m, f.v, f.n, f.up, f.down, f.changed = m, v, n, 0, 0, measured
 }
 
 // zSigmas is how many standard deviations make a reading news rather than
@@ -100,7 +108,7 @@ func (f *filter) update(lo, hi, r, extra, corr float64, p Params, bounded, measu
 		f.up = max(0, f.up+zc-1)
 		f.down = max(0, f.down-zc-1)
 		if math.Abs(z) > 2*zSigmas || f.up > 2*zSigmas || f.down > 2*zSigmas {
-			f.m, f.v, f.n, f.up, f.down, f.changed = f.m+innov, r, 1, 0, 0, measured
+			f.restart(f.m+innov, r, 1, measured)
 			return true
 		}
 	}
@@ -158,7 +166,7 @@ func (f *filter) censor(b, r float64, p Params, measured bool) {
 	f.down = max(0, f.down-min(alpha, 0)-1)
 	if gap > zSigmas*math.Sqrt(r) || f.down > 2*zSigmas {
 		gap = max(gap, math.Sqrt(r))
-		f.m, f.v, f.n, f.up, f.down, f.changed = b-gap, gap*gap, 0, 0, 0, measured
+		f.restart(b-gap, gap*gap, 0, measured)
 		return
 	}
 	lambda := normPDF(alpha) / max(normCDF(alpha), 1e-300)
