@@ -267,8 +267,9 @@ func (p *Policy) Configure(now time.Time, cfg Config) {
 // persisted (weights.Snapshot; invalid = none), and liveWhy the reason the
 // earlier manager gave for the live load balancer ("" when unknown). With
 // live weights for the pods (a restart) they are settled estimates, unless
-// the manager before was still Learning or had fallen back to equal
-// weights (then they are only a start, as without a snapshot), and the
+// the manager before was still Learning (then they are estimates as
+// uncertain as its were) or had fallen back to equal weights (then they
+// are only a start, as without a snapshot), and the
 // live load balancer is kept until the first cycle; one the earlier manager
 // chose after it had learned (ReasonAlarm, ReasonUnsettled,
 // ReasonCPUAtLimit, ReasonAtCapacity) is kept as it would have kept it: a
@@ -302,16 +303,19 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 	// cycle: on CPU alone at 90% load without CPU limits, restarts
 	// halfway through 16 bench runs made 13 balancer switches in their
 	// first five cycles, against 9 in the same span of the runs without
-	// a restart. Seeded as a start, with the noise the manager before
-	// measured restored, 3 switches and 7 weight writes (2 without a
-	// restart; with the noise's prior, 4 and 18): the learning goes on,
-	// and a write is an EDS push where a switch rebuilds the cluster in
-	// every sidecar.
+	// a restart. Weights written while Learning are the estimates as far
+	// as they had come, and are seeded as such, with the uncertainty the
+	// manager before persisted (SeedLearning): the learning goes on from
+	// them. Replaced by the first cycle's readings (Seed), they moved by
+	// up to 103% in those runs. Fallback's equal weights say nothing of
+	// the pods and are only a start.
 	verdict := liveBalancer != weights.BalancerLeastRequest || (liveWhy != ReasonLearning && liveWhy != ReasonFallback)
 	switch {
 	case restart && snap.Valid() && verdict:
 		p.eng.SeedSettled(now, seed, snap)
 		p.restarted = true
+	case restart && snap.Valid() && liveWhy == ReasonLearning:
+		p.eng.SeedLearning(now, seed, snap)
 	case restart:
 		p.eng.Restore(snap)
 		p.eng.Seed(now, seed)

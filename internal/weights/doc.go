@@ -108,7 +108,8 @@
 //
 // A controller creates one Engine per optimized Service, calls Seed (or,
 // with a persisted Snapshot of an engine that had learned them,
-// SeedSettled; of one that had not, Restore then Seed) with the weights
+// SeedSettled; of one still learning them, SeedLearning; of one that had
+// fallen back to equal weights, Restore then Seed) with the weights
 // found in an existing ServiceEntry after a restart, calls Update every
 // cycle, writes Result.Weights when Result.Changed, then calls Applied. After
 // SeedSettled each pod's first cycle with data takes the capacity that

@@ -59,12 +59,13 @@ func (in *fuzzInput) weight() uint32 {
 }
 
 type fuzzStep struct {
-	obs     Observation
-	apply   bool
-	mirror  []Pod // a changed set asked of Weights
-	seedMap map[string]uint32
-	settled bool     // a restarted manager: new engines seeded by SeedSettled with snap
-	snap    Snapshot // what the manager before persisted, however odd
+	obs      Observation
+	apply    bool
+	mirror   []Pod // a changed set asked of Weights
+	seedMap  map[string]uint32
+	settled  bool     // a restarted manager: new engines seeded by SeedSettled with snap
+	learning bool     // by SeedLearning instead (the manager before was still learning)
+	snap     Snapshot // what the manager before persisted, however odd
 }
 
 func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
@@ -134,9 +135,10 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 			for _, pod := range pods {
 				step.seedMap[pod.Name] = in.weight()
 			}
-			step.settled = in.byte()%2 == 0
+			b := in.byte()
+			step.settled, step.learning = b%2 == 0, b%4 == 2
 			if step.settled {
-				step.snap = Snapshot{Noise: in.float(), NoiseCycles: int(in.byte()) - 8, CycleSeconds: in.float(), CoresNoise: in.float()}
+				step.snap = Snapshot{Noise: in.float(), NoiseCycles: int(in.byte()) - 8, CycleSeconds: in.float(), CoresNoise: in.float(), Spread: in.float()}
 			}
 		}
 		steps = append(steps, step)
@@ -182,6 +184,10 @@ func FuzzUpdate(f *testing.F) {
 		e, mirrorImage := New(p), New(p)
 		for k, step := range steps {
 			switch {
+			case step.learning:
+				e, mirrorImage = New(p), New(p)
+				e.SeedLearning(step.obs.Time, step.seedMap, step.snap)
+				mirrorImage.SeedLearning(step.obs.Time, step.seedMap, step.snap)
 			case step.settled:
 				e, mirrorImage = New(p), New(p)
 				e.SeedSettled(step.obs.Time, step.seedMap, step.snap)

@@ -21,6 +21,12 @@ type Snapshot struct {
 	// without a CPU limit (log scale): the median over such pods of their
 	// residuals' spread; 0 when no pod has measured one.
 	CoresNoise float64 `json:"coresNoise,omitempty"`
+	// Spread is the typical uncertainty of the engine's capacity
+	// estimates (log scale): the median over the pods with an estimate of
+	// its standard deviation; 0 when no pod has one. A restart that finds
+	// the manager before still learning takes the live weights with it
+	// (SeedLearning).
+	Spread float64 `json:"spread,omitempty"`
 }
 
 // Snapshot returns the engine's learned noise. Zero (Valid false) before
@@ -39,7 +45,21 @@ func (e *Engine) Snapshot() Snapshot {
 	if len(spreads) > 0 {
 		cores = boundNoise(median(spreads))
 	}
-	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds(), CoresNoise: cores}
+	var sds []float64
+	for _, st := range e.pods {
+		if st.speed.known {
+			v := st.speed.v
+			if st.cores.known {
+				v += st.cores.v
+			}
+			sds = append(sds, math.Sqrt(v))
+		}
+	}
+	spread := 0.0
+	if len(sds) > 0 {
+		spread = min(median(sds), 1)
+	}
+	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds(), CoresNoise: cores, Spread: spread}
 }
 
 // Valid reports whether s holds a measured noise in the engine's range
@@ -59,7 +79,8 @@ func (s Snapshot) Valid() bool {
 // (a median of spreads over 20 readings a pod, it wanders by a quarter;
 // within 20% it was worth writing 5-15 times in 200 cycles, and as the
 // prior of a restart's first three readings a factor of two is close
-// enough). Noise keeps moving a little every cycle; persisting each move
+// enough), and the estimates' spread likewise (it falls by more than a
+// factor of two only in the first cycles of learning). Noise keeps moving a little every cycle; persisting each move
 // would write every cycle.
 func (s Snapshot) Similar(o Snapshot) bool {
 	if s.Valid() != o.Valid() {
@@ -71,7 +92,8 @@ func (s Snapshot) Similar(o Snapshot) bool {
 	near := func(a, b, tol float64) bool { return math.Abs(math.Log(max(a, 1e-9)/max(b, 1e-9))) <= tol }
 	return near(s.Noise, o.Noise, 0.2) && near(s.CycleSeconds, o.CycleSeconds, 0.1) &&
 		min(s.NoiseCycles, 5) == min(o.NoiseCycles, 5) &&
-		(s.CoresNoise > 0) == (o.CoresNoise > 0) && (s.CoresNoise == 0 || near(s.CoresNoise, o.CoresNoise, math.Ln2))
+		(s.CoresNoise > 0) == (o.CoresNoise > 0) && (s.CoresNoise == 0 || near(s.CoresNoise, o.CoresNoise, math.Ln2)) &&
+		(s.Spread > 0) == (o.Spread > 0) && (s.Spread == 0 || near(s.Spread, o.Spread, math.Ln2))
 }
 
 // Restore takes back what an engine that ran before measured of the
@@ -113,7 +135,33 @@ func (e *Engine) Restore(s Snapshot) {
 // (none persisted yet) leaves the noise at its prior.
 func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 	e.Restore(s)
-	e.seed(now, w, e.params.Smoothing*e.noise*e.noise)
+	e.seedCalibrated(now, w, e.params.Smoothing*e.noise*e.noise)
+}
+
+// SeedLearning is SeedSettled for a manager that takes over from one
+// still learning: the live weights are that engine's estimates as far as
+// they had come, so they are calibrated as SeedSettled's are, with the
+// uncertainty it persisted (s.Spread) in place of a settled estimate's,
+// and the learning goes on from there. Seeded with the variance of knowing
+// nothing (Seed), the first cycle's readings replaced weights a few
+// percent off their targets: on CPU alone without CPU limits at 90% load,
+// restarts halfway through 16 bench runs moved them by up to 103%. An s
+// without a Spread (persisted before it was measured) leaves Seed's.
+func (e *Engine) SeedLearning(now time.Time, w map[string]uint32, s Snapshot) {
+	if !(s.Spread > 0) || math.IsInf(s.Spread, 0) {
+		e.Restore(s)
+		e.Seed(now, w)
+		return
+	}
+	e.Restore(s)
+	e.seedCalibrated(now, w, max(e.params.Smoothing*e.noise*e.noise, min(s.Spread*s.Spread, 1)))
+}
+
+// seedCalibrated seeds the live weights w as estimates of the given
+// variance, each to be calibrated at its pod's first cycle with data
+// (see calibrateTo).
+func (e *Engine) seedCalibrated(now time.Time, w map[string]uint32, variance float64) {
+	e.seed(now, w, variance)
 	for name := range w {
 		if st := e.pods[name]; st != nil {
 			st.speed.n = e.params.memory()

@@ -65,6 +65,56 @@ func TestRestartFromSnapshotKeepsSteadyWeights(t *testing.T) {
 	}
 }
 
+// A manager that takes over from one still Learning keeps the live
+// weights (they are that engine's estimates as far as they had come) with
+// the uncertainty it persisted: the first cycles write nothing on readings
+// that only show noise, and the first cycle is Learned as the manager
+// before would have been at that uncertainty: not past the dead band, and
+// within it where the manager before was (Seed's estimates, resting on
+// one reading, are not).
+func TestSeedLearningKeepsTheWeightsAndTheirUncertainty(t *testing.T) {
+	runs, unmeasured := 0, 0
+	for _, limited := range []bool{true, false} {
+		for _, load := range []float64{0.5, 0.9} {
+			for seed := range uint64(2) {
+				for _, spread := range []float64{0.02, 0.3} {
+					runs++
+					s := newService(t, limited, load, seed)
+					s.noisy, s.noise, s.off["requests"] = "cpu", 0.2, true
+					s.converge(199)
+					wasLearned := s.step().Learned
+					snap := s.e.Snapshot()
+					if !snap.Valid() {
+						// Pods at their limit all along give CPU alone
+						// only bounds: no noise is measured and nothing
+						// restored (SeedLearning is then Seed).
+						unmeasured++
+						continue
+					}
+					if !(snap.Spread > 0) {
+						t.Fatalf("limits %v load %v seed %d: noise measured, yet no spread: %+v", limited, load, seed, snap)
+					}
+					snap.Spread = spread
+					s.e = New(DefaultParams())
+					s.e.SeedLearning(s.now, s.live, snap)
+					for k := range 5 {
+						res := s.step()
+						if res.Changed {
+							t.Errorf("limits %v load %v seed %d spread %v: the restarted engine moved in cycle %d: %s", limited, load, seed, spread, k+1, res.Message)
+						}
+						if want := wasLearned && spread < DefaultParams().DeadBand; k == 0 && res.Learned != want {
+							t.Errorf("limits %v load %v seed %d spread %v: Learned %v at the first cycle, want %v (before the restart %v)", limited, load, seed, spread, res.Learned, want, wasLearned)
+						}
+					}
+				}
+			}
+		}
+	}
+	if unmeasured > runs/2 {
+		t.Errorf("%d of %d runs measured no noise in 200 cycles; the test needs most to", unmeasured, runs)
+	}
+}
+
 // A settled seed still follows a real change: a pod that slows down to
 // half its speed gets a lower weight within a few cycles.
 func TestSeedSettledStillFollowsARealChange(t *testing.T) {
@@ -107,13 +157,20 @@ func TestSnapshotValidAndSimilar(t *testing.T) {
 		}
 	}
 	// The cores readings' noise is a prior for a restart's first
-	// readings: rewritten only past a factor of two.
-	cores := Snapshot{Noise: 0.1, NoiseCycles: 5, CycleSeconds: 30, CoresNoise: 0.05}
-	for v, close := range map[float64]bool{0.09: true, 0.03: true, 0.11: false, 0.02: false} {
-		o := cores
-		o.CoresNoise = v
-		if o.Similar(cores) != close {
-			t.Errorf("cores noise %v against %v: Similar %v, want %v", v, cores.CoresNoise, !close, close)
+	// readings, the estimates' spread one for a restart's estimates:
+	// rewritten only past a factor of two.
+	for name, field := range map[string]func(*Snapshot) *float64{
+		"cores noise": func(s *Snapshot) *float64 { return &s.CoresNoise },
+		"spread":      func(s *Snapshot) *float64 { return &s.Spread },
+	} {
+		was := base
+		*field(&was) = 0.05
+		for v, close := range map[float64]bool{0.09: true, 0.03: true, 0.11: false, 0.02: false, 0: false} {
+			o := was
+			*field(&o) = v
+			if o.Similar(was) != close {
+				t.Errorf("%s %v against %v: Similar %v, want %v", name, v, *field(&was), !close, close)
+			}
 		}
 	}
 }
