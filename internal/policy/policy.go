@@ -307,8 +307,8 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 	// as they had come, and are seeded as such, with the uncertainty the
 	// manager before persisted (SeedLearning): the learning goes on from
 	// them. Replaced by the first cycle's readings (Seed), they moved by
-	// up to 103% in such runs at 80-90% load. Fallback's equal weights say nothing of
-	// the pods and are only a start.
+	// up to 103% in such runs at 80-90% load. Fallback's equal weights say
+	// nothing of the pods and are only a start.
 	verdict := liveBalancer != weights.BalancerLeastRequest || (liveWhy != ReasonLearning && liveWhy != ReasonFallback)
 	switch {
 	case restart && snap.Valid() && verdict:

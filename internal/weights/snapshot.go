@@ -144,16 +144,15 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 // uncertainty it persisted (s.Spread) in place of a settled estimate's,
 // and the learning goes on from there. Seeded with the variance of knowing
 // nothing (Seed), the first cycle's readings replaced weights a few
-// percent off their targets: on CPU alone without CPU limits at 80-90% load,
-// restarts halfway through 16 bench runs moved them by up to 103%. An s
+// percent off their targets: on CPU alone without CPU limits at 80-90%
+// load, restarts halfway through bench runs moved them by up to 103%. An s
 // without a Spread (persisted before it was measured) leaves Seed's.
 func (e *Engine) SeedLearning(now time.Time, w map[string]uint32, s Snapshot) {
+	e.Restore(s)
 	if !(s.Spread > 0) || math.IsInf(s.Spread, 0) {
-		e.Restore(s)
 		e.Seed(now, w)
 		return
 	}
-	e.Restore(s)
 	e.seedCalibrated(now, w, max(e.params.Smoothing*e.noise*e.noise, min(s.Spread*s.Spread, 1)))
 }
 
