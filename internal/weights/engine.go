@@ -41,8 +41,9 @@ type Engine struct {
 	unmeasured int
 	// coresNoise is the typical noise of a cores reading (log scale) the
 	// engine before this one measured (Snapshot.CoresNoise), for a pod
-	// whose own readings have not yet measured it; 0 without one.
-	coresNoise float64
+	// whose own readings have not yet measured it, and coresNoiseMax the
+	// largest (Snapshot.CoresNoiseMax); 0 without one.
+	coresNoise, coresNoiseMax float64
 	// load is the offered work (busy cores times speed per core), filtered.
 	load filter
 

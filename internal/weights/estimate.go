@@ -424,6 +424,17 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		x := math.Log(seen)
 		noise := e.coresReadingVar(st)
 		r := noise
+		if spreadVariance(st.coresResiduals) == 0 {
+			// Until the pod's own readings measure their noise, they
+			// are as noisy as the noisiest pod's the engine before
+			// measured can be: the typical pod's can be a third of a
+			// pod's whose cores are a small part of its node, and judged
+			// by it, the second reading after a restart read as a jump
+			// (a weight moved by 47% on CPU alone at 80% load). The
+			// calibration's split and the bar keep the typical noise
+			// (coresReadingVar): they weigh many pods at once.
+			r = max(r, e.coresNoiseMax*e.coresNoiseMax)
+		}
 		if fromCeiling {
 			r = max(r, spreadVariance(st.ceilingResiduals))
 		}

@@ -1,6 +1,7 @@
 package weights
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -462,5 +463,64 @@ func TestCountNoise(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// After a restart a pod's cores readings are judged by the noisiest pod's
+// noise the manager before measured (Snapshot.CoresNoiseMax) until the
+// pod's own readings measure its own: the typical pod's can be a third of
+// a pod's whose cores are a small part of its node. Five pods without a
+// limit, four read to 2%, one to 12%; after a restart the noisy pod's
+// second reading, 30% above its first (within 4 standard deviations of
+// the difference of two of its readings at the noise measured of them),
+// is noise, not a change of cores. Judged by the typical pod's noise it
+// was a jump, and on CPU alone at 80% load such a jump moved a weight by
+// 47% in the restart's third cycle.
+func TestRestartJudgesCoresByTheNoisiestPod(t *testing.T) {
+	var set []Pod
+	live := map[string]uint32{}
+	for i := range 5 {
+		name := fmt.Sprintf("p%d", i)
+		set = append(set, Pod{Name: name, Node: "n" + name, CPURequest: 2, NodeCores: 16})
+		live[name] = 1000
+	}
+	noise := []float64{0.02, 0.02, 0.02, 0.02, 0.12}
+	rng := rand.New(rand.NewPCG(3, 4))
+	readings := func() *cycleReadings {
+		c := &cycleReadings{pods: make([]reading, len(set))}
+		for i := range set {
+			c.pods[i].cores = 4 * math.Exp(noise[i]*rng.NormFloat64())
+		}
+		return c
+	}
+	e := New(DefaultParams())
+	e.noise, e.noiseCycles = 0.02, 20
+	for range 40 {
+		e.updateCores(set, readings())
+	}
+	snap := e.Snapshot()
+	if snap.CoresNoise > 0.03 || snap.CoresNoiseMax < 2*snap.CoresNoise {
+		t.Fatalf("snapshot's cores noise %.3f (typical) and %.3f (noisiest), want the quiet pods' and the noisy one's", snap.CoresNoise, snap.CoresNoiseMax)
+	}
+	for _, c := range []struct {
+		name  string
+		max   float64
+		jumps bool
+	}{{"noisiest pod's noise kept", snap.CoresNoiseMax, false}, {"typical noise only", 0, true}} {
+		s := snap
+		s.CoresNoiseMax = c.max
+		r := New(DefaultParams())
+		r.SeedSettled(time.Unix(0, 0), live, s)
+		first := &cycleReadings{pods: make([]reading, len(set))}
+		for i := range set {
+			first.pods[i].cores = 4
+		}
+		r.updateCores(set, first)
+		first.pods[4].cores = 4 * math.Exp(0.3)
+		r.updateCores(set, first)
+		st := r.pods["p4"].cores
+		if restarted := st.n == 1; restarted != c.jumps {
+			t.Errorf("%s: a reading 30%% above the first restarted the noisy pod's cores %v, want %v (now %.2f cores)", c.name, restarted, c.jumps, math.Exp(st.m))
+		}
 	}
 }

@@ -138,7 +138,7 @@ func decodeScenario(data []byte) (Params, []Pod, []fuzzStep) {
 			b := in.byte()
 			step.settled, step.learning = b%2 == 0, b%4 == 2
 			if step.settled {
-				step.snap = Snapshot{Noise: in.float(), NoiseCycles: int(in.byte()) - 8, CycleSeconds: in.float(), CoresNoise: in.float(), Spread: in.float()}
+				step.snap = Snapshot{Noise: in.float(), NoiseCycles: int(in.byte()) - 8, CycleSeconds: in.float(), CoresNoise: in.float(), CoresNoiseMax: in.float(), Spread: in.float()}
 			}
 		}
 		steps = append(steps, step)

@@ -2,6 +2,7 @@ package weights
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -21,6 +22,11 @@ type Snapshot struct {
 	// without a CPU limit (log scale): the median over such pods of their
 	// residuals' spread; 0 when no pod has measured one.
 	CoresNoise float64 `json:"coresNoise,omitempty"`
+	// CoresNoiseMax is the largest of those spreads: how noisy a pod's
+	// cores readings can be in this Service (a pod whose cores are a
+	// small part of its node reads them noisier), for a restart's
+	// readings of a pod before they measure its own.
+	CoresNoiseMax float64 `json:"coresNoiseMax,omitempty"`
 	// Spread is the typical uncertainty of the engine's capacity
 	// estimates (log scale): the median over the pods with an estimate of
 	// its standard deviation; 0 when no pod has one. A restart that finds
@@ -41,9 +47,9 @@ func (e *Engine) Snapshot() Snapshot {
 			spreads = append(spreads, math.Sqrt(spreadVariance(st.coresResiduals)))
 		}
 	}
-	cores := 0.0
+	cores, coresMax := 0.0, 0.0
 	if len(spreads) > 0 {
-		cores = boundNoise(median(spreads))
+		cores, coresMax = boundNoise(median(spreads)), boundNoise(slices.Max(spreads))
 	}
 	var sds []float64
 	for _, st := range e.pods {
@@ -59,7 +65,7 @@ func (e *Engine) Snapshot() Snapshot {
 	if len(sds) > 0 {
 		spread = min(median(sds), 1)
 	}
-	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds(), CoresNoise: cores, Spread: spread}
+	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds(), CoresNoise: cores, CoresNoiseMax: coresMax, Spread: spread}
 }
 
 // Valid reports whether s holds a measured noise in the engine's range
@@ -79,8 +85,9 @@ func (s Snapshot) Valid() bool {
 // (a median of spreads over 20 readings a pod, it wanders by a quarter;
 // within 20% it was worth writing 5-15 times in 200 cycles, and as the
 // prior of a restart's first three readings a factor of two is close
-// enough), and the estimates' spread likewise (it falls by more than a
-// factor of two only in the first cycles of learning). Noise keeps moving a little every cycle; persisting each move
+// enough), the noisiest pod's cores readings' and the estimates' spread
+// likewise (the spread falls by more than a factor of two only in the
+// first cycles of learning). Noise keeps moving a little every cycle; persisting each move
 // would write every cycle.
 func (s Snapshot) Similar(o Snapshot) bool {
 	if s.Valid() != o.Valid() {
@@ -90,16 +97,17 @@ func (s Snapshot) Similar(o Snapshot) bool {
 		return true
 	}
 	near := func(a, b, tol float64) bool { return math.Abs(math.Log(max(a, 1e-9)/max(b, 1e-9))) <= tol }
+	prior := func(a, b float64) bool { return (a > 0) == (b > 0) && (a == 0 || near(a, b, math.Ln2)) }
 	return near(s.Noise, o.Noise, 0.2) && near(s.CycleSeconds, o.CycleSeconds, 0.1) &&
 		min(s.NoiseCycles, 5) == min(o.NoiseCycles, 5) &&
-		(s.CoresNoise > 0) == (o.CoresNoise > 0) && (s.CoresNoise == 0 || near(s.CoresNoise, o.CoresNoise, math.Ln2)) &&
-		(s.Spread > 0) == (o.Spread > 0) && (s.Spread == 0 || near(s.Spread, o.Spread, math.Ln2))
+		prior(s.CoresNoise, o.CoresNoise) && prior(s.CoresNoiseMax, o.CoresNoiseMax) && prior(s.Spread, o.Spread)
 }
 
 // Restore takes back what an engine that ran before measured of the
 // metrics and the cycles, whatever it had learned of the pods: the noise
 // of a speed reading (with the count of cycles it rests on), the mean
-// cycle, and the noise of a cores reading of a pod without a limit. They
+// cycle, and the noise of a cores reading of a pod without a limit
+// (typical and largest). They
 // are properties of the Service's metrics pipeline and schedule, not of
 // any estimate. An invalid s (none persisted yet) leaves the priors. Call
 // it before Seed, whose weights then meet the publish bar the manager
@@ -115,6 +123,9 @@ func (e *Engine) Restore(s Snapshot) {
 	}
 	if s.CoresNoise > 0 && !math.IsInf(s.CoresNoise, 0) {
 		e.coresNoise = boundNoise(s.CoresNoise)
+	}
+	if s.CoresNoiseMax > 0 && !math.IsInf(s.CoresNoiseMax, 0) {
+		e.coresNoiseMax = boundNoise(s.CoresNoiseMax)
 	}
 }
 

@@ -160,8 +160,9 @@ func TestSnapshotValidAndSimilar(t *testing.T) {
 	// readings, the estimates' spread one for a restart's estimates:
 	// rewritten only past a factor of two.
 	for name, field := range map[string]func(*Snapshot) *float64{
-		"cores noise": func(s *Snapshot) *float64 { return &s.CoresNoise },
-		"spread":      func(s *Snapshot) *float64 { return &s.Spread },
+		"cores noise":          func(s *Snapshot) *float64 { return &s.CoresNoise },
+		"noisiest cores noise": func(s *Snapshot) *float64 { return &s.CoresNoiseMax },
+		"spread":               func(s *Snapshot) *float64 { return &s.Spread },
 	} {
 		was := base
 		*field(&was) = 0.05
@@ -191,13 +192,13 @@ func TestSeedSettledIgnoresAnInvalidSnapshot(t *testing.T) {
 // Restore takes back the measured noises and cycle of a valid snapshot and
 // nothing of an invalid one; it knows no pod.
 func TestRestoreTakesBackWhatWasMeasured(t *testing.T) {
-	s := Snapshot{Noise: 0.05, NoiseCycles: 12, CycleSeconds: 30, CoresNoise: 0.2}
+	s := Snapshot{Noise: 0.05, NoiseCycles: 12, CycleSeconds: 30, CoresNoise: 0.2, CoresNoiseMax: 0.3}
 	e := New(DefaultParams())
 	e.Restore(s)
-	// The snapshot's cores noise is read from the pods' readings; the
-	// restored one waits in coresNoise for them.
-	if got := e.Snapshot(); got.Noise != s.Noise || got.NoiseCycles != s.NoiseCycles || got.CycleSeconds != s.CycleSeconds || e.coresNoise != s.CoresNoise {
-		t.Errorf("after Restore: %+v (cores noise %v), want %+v", got, e.coresNoise, s)
+	// The snapshot's cores noises are read from the pods' readings; the
+	// restored ones wait in coresNoise and coresNoiseMax for them.
+	if got := e.Snapshot(); got.Noise != s.Noise || got.NoiseCycles != s.NoiseCycles || got.CycleSeconds != s.CycleSeconds || e.coresNoise != s.CoresNoise || e.coresNoiseMax != s.CoresNoiseMax {
+		t.Errorf("after Restore: %+v (cores noise %v, noisiest %v), want %+v", got, e.coresNoise, e.coresNoiseMax, s)
 	}
 	if len(e.pods) != 0 {
 		t.Errorf("Restore made %d pods", len(e.pods))
