@@ -21,8 +21,9 @@
 //     Istio's default LEAST_REQUEST, and the engine is told so over the
 //     whole query window (no empty history). After a restart the live
 //     weights, with the persisted weights.Snapshot, are settled estimates
-//     if the manager before had learned them (else a start, with the noise
-//     it measured restored), and the live load balancer is kept with the
+//     if the manager before had learned them, estimates as sure as its were
+//     if it was still learning them (else a start, with the noise it
+//     measured restored), and the live load balancer is kept with the
 //     reason the manager before gave for it. The snapshot is worth a write
 //     to the optimizer when it is no longer Similar to the one there
 //     (SnapshotToPersist).
@@ -269,10 +270,10 @@ func (p *Policy) Configure(now time.Time, cfg Config) {
 // live weights for the pods (a restart) they are settled estimates, unless
 // the manager before was still Learning (then they are estimates as
 // uncertain as its were) or had fallen back to equal weights (then they
-// are only a start, as without a snapshot), and the
-// live load balancer is kept until the first cycle; one the earlier manager
-// chose after it had learned (ReasonAlarm, ReasonUnsettled,
-// ReasonCPUAtLimit, ReasonAtCapacity) is kept as it would have kept it: a
+// are only a start, as without a snapshot), and the live load balancer is
+// kept until the first cycle; one the earlier manager chose after it had
+// learned (ReasonAlarm, ReasonUnsettled, ReasonCPUAtLimit,
+// ReasonAtCapacity) is kept as it would have kept it: a
 // spell ends once the results have been Learned for a query window,
 // CPUAtLimit once request rates measure the speeds, AtCapacity once the
 // load has been below the cap for a query window. Without them the pods

@@ -424,19 +424,22 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		x := math.Log(seen)
 		noise := e.coresReadingVar(st)
 		r := noise
-		if spreadVariance(st.coresResiduals) == 0 {
-			// Until the pod's own readings measure their noise, they
-			// are as noisy as the noisiest pod's the engine before
-			// measured can be: the typical pod's can be a third of a
-			// pod's whose cores are a small part of its node, and judged
-			// by it, the second reading after a restart read as a jump
-			// (a weight moved by 47% on CPU alone at 80% load). The
-			// calibration's split and the bar keep the typical noise
-			// (coresReadingVar): they weigh many pods at once.
-			r = max(r, e.coresNoiseMax*e.coresNoiseMax)
-		}
 		if fromCeiling {
 			r = max(r, spreadVariance(st.ceilingResiduals))
+		}
+		settled := e.params.Smoothing * r
+		if spreadVariance(st.coresResiduals) == 0 {
+			// Until the pod's own readings measure their noise, a change
+			// must stand out of the noisiest pod's the engine before
+			// measured: the typical pod's can be a third of a pod's whose
+			// cores are a small part of its node, and judged by it, the
+			// second reading after a restart read as a jump (a weight
+			// moved by 47% on CPU alone at 80% load). A restart's
+			// settled estimate, the calibration's split and the bar keep
+			// the typical noise: they stand for the Service's pods, and
+			// as wide as the noisiest pod's, a settled estimate could
+			// fall short of Learned and flip the balancer on a restart.
+			r = max(r, e.coresNoiseMax*e.coresNoiseMax)
 		}
 		known, d := st.cores.known, x-st.cores.m
 		ceiling := math.NaN()
@@ -461,7 +464,7 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		// and a jump judged by it then is followed.
 		restarted := st.cores.update(x, x, r, 0, e.overlapInflation(), e.params, bounded, !e.coresNoiseUnmeasured(st))
 		if !known && st.coresSettled {
-			st.cores.v, st.cores.n = e.params.Smoothing*r, e.params.memory()
+			st.cores.v, st.cores.n = settled, e.params.memory()
 		}
 		st.coresSettled = false
 		if restarted || !known {

@@ -475,7 +475,8 @@ func TestCountNoise(t *testing.T) {
 // the difference of two of its readings at the noise measured of them),
 // is noise, not a change of cores. Judged by the typical pod's noise it
 // was a jump, and on CPU alone at 80% load such a jump moved a weight by
-// 47% in the restart's third cycle.
+// 47% in the restart's third cycle. The restart's settled estimate keeps
+// the typical noise.
 func TestRestartJudgesCoresByTheNoisiestPod(t *testing.T) {
 	var set []Pod
 	live := map[string]uint32{}
@@ -516,6 +517,12 @@ func TestRestartJudgesCoresByTheNoisiestPod(t *testing.T) {
 			first.pods[i].cores = 4
 		}
 		r.updateCores(set, first)
+		// The settled estimate is as sure as the typical pod's: as wide
+		// as the noisiest pod's, it could fall short of Learned and flip
+		// the balancer on a restart.
+		if v, typical := r.pods["p4"].cores.v, r.params.Smoothing*max(sq(r.noise), sq(s.CoresNoise)); v > typical*1.001 {
+			t.Errorf("%s: the restart's settled cores estimate has variance %.2g, want the typical pod's %.2g", c.name, v, typical)
+		}
 		first.pods[4].cores = 4 * math.Exp(0.3)
 		r.updateCores(set, first)
 		st := r.pods["p4"].cores

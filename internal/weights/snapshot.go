@@ -7,10 +7,11 @@ import (
 )
 
 // Snapshot is what an engine has learned that the live weights do not
-// show: how noisy the observations are. It is a few numbers whatever the
-// number of pods, so the operator can persist it next to the optimizer and
-// give it to the engine of a restarted or newly elected manager (see
-// SeedSettled). The capacities themselves are in the live weights.
+// show: how noisy the observations are, and how sure its estimates. It is
+// a few numbers whatever the number of pods, so the operator can persist
+// it next to the optimizer and give it to the engine of a restarted or
+// newly elected manager (see SeedSettled and SeedLearning). The
+// capacities themselves are in the live weights.
 type Snapshot struct {
 	// Noise is the typical error of one capacity observation (log scale).
 	Noise float64 `json:"noise"`
@@ -35,8 +36,8 @@ type Snapshot struct {
 	Spread float64 `json:"spread,omitempty"`
 }
 
-// Snapshot returns the engine's learned noise. Zero (Valid false) before
-// the engine measured any.
+// Snapshot returns the engine's learned noise and its estimates' spread.
+// Zero (Valid false) before the engine measured any noise.
 func (e *Engine) Snapshot() Snapshot {
 	if e.speedNoiseUnmeasured() {
 		return Snapshot{}
@@ -87,8 +88,8 @@ func (s Snapshot) Valid() bool {
 // prior of a restart's first three readings a factor of two is close
 // enough), the noisiest pod's cores readings' and the estimates' spread
 // likewise (the spread falls by more than a factor of two only in the
-// first cycles of learning). Noise keeps moving a little every cycle; persisting each move
-// would write every cycle.
+// first cycles of learning). Noise keeps moving a little every cycle;
+// persisting each move would write every cycle.
 func (s Snapshot) Similar(o Snapshot) bool {
 	if s.Valid() != o.Valid() {
 		return false
@@ -107,9 +108,8 @@ func (s Snapshot) Similar(o Snapshot) bool {
 // metrics and the cycles, whatever it had learned of the pods: the noise
 // of a speed reading (with the count of cycles it rests on), the mean
 // cycle, and the noise of a cores reading of a pod without a limit
-// (typical and largest). They
-// are properties of the Service's metrics pipeline and schedule, not of
-// any estimate. An invalid s (none persisted yet) leaves the priors. Call
+// (typical and largest). They are properties of the Service's metrics
+// pipeline and schedule, not of any estimate. An invalid s (none persisted yet) leaves the priors. Call
 // it before Seed, whose weights then meet the publish bar the manager
 // before had measured rather than the prior's.
 func (e *Engine) Restore(s Snapshot) {
