@@ -26,7 +26,8 @@ type Snapshot struct {
 	// CoresNoiseMax is the largest of those spreads: how noisy a pod's
 	// cores readings can be in this Service (a pod whose cores are a
 	// small part of its node reads them noisier), for a restart's
-	// readings of a pod before they measure its own.
+	// readings of a pod before they measure its own. Written with the
+	// others, never a reason to write (see Similar).
 	CoresNoiseMax float64 `json:"coresNoiseMax,omitempty"`
 	// Spread is the typical uncertainty of the engine's capacity
 	// estimates (log scale): the median over the pods with an estimate of
@@ -86,10 +87,15 @@ func (s Snapshot) Valid() bool {
 // (a median of spreads over 20 readings a pod, it wanders by a quarter;
 // within 20% it was worth writing 5-15 times in 200 cycles, and as the
 // prior of a restart's first three readings a factor of two is close
-// enough), the noisiest pod's cores readings' and the estimates' spread
-// likewise (the spread falls by more than a factor of two only in the
-// first cycles of learning). Noise keeps moving a little every cycle;
-// persisting each move would write every cycle.
+// enough), and the estimates' spread likewise (it falls by more than a
+// factor of two only in the first cycles of learning). The noisiest pod's
+// cores readings' noise is not compared: one pod's spread, compared as
+// the typical one it made the snapshot worth writing 9 times in 16 runs of
+// 200 cycles of pods without limits, against 6 without it
+// (TestSnapshotStillUnderCycleJitter), and as a bound on a restart's first
+// readings it is fresh enough written with the others (the first time
+// with the typical one). Noise keeps moving a little every
+// cycle; persisting each move would write every cycle.
 func (s Snapshot) Similar(o Snapshot) bool {
 	if s.Valid() != o.Valid() {
 		return false
@@ -101,7 +107,7 @@ func (s Snapshot) Similar(o Snapshot) bool {
 	prior := func(a, b float64) bool { return (a > 0) == (b > 0) && (a == 0 || near(a, b, math.Ln2)) }
 	return near(s.Noise, o.Noise, 0.2) && near(s.CycleSeconds, o.CycleSeconds, 0.1) &&
 		min(s.NoiseCycles, 5) == min(o.NoiseCycles, 5) &&
-		prior(s.CoresNoise, o.CoresNoise) && prior(s.CoresNoiseMax, o.CoresNoiseMax) && prior(s.Spread, o.Spread)
+		prior(s.CoresNoise, o.CoresNoise) && prior(s.Spread, o.Spread)
 }
 
 // Restore takes back what an engine that ran before measured of the
