@@ -139,7 +139,7 @@ func FuzzPolicy(f *testing.F) {
 		lbs := []weights.Balancer{"", weights.BalancerRoundRobin, weights.BalancerLeastRequest, "RANDOM"}
 		whys := []Reason{"", ReasonLearning, ReasonLearned, ReasonAlarm, ReasonUnsettled, ReasonFallback, ReasonCPUAtLimit, ReasonAtCapacity, "Gibberish"}
 		snap := weights.Snapshot{Noise: in.float(), NoiseCycles: int(in.byte()), CycleSeconds: in.float(), CoresNoise: in.float(), CoresNoiseMax: in.float(), Spread: in.float()}
-		p.OptIn(now, pods, live, lbs[in.byte()%4], whys[in.byte()%8], snap)
+		p.OptIn(now, pods, live, lbs[in.byte()%4], whys[int(in.byte())%len(whys)], snap)
 		for step := range int(in.byte()%12) + 1 {
 			now = now.Add(time.Duration(int(in.byte())-32) * 5 * time.Second)
 			switch in.byte() % 6 {

@@ -428,17 +428,20 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 			r = max(r, spreadVariance(st.ceilingResiduals))
 		}
 		settled := e.params.Smoothing * r
-		if spreadVariance(st.coresResiduals) == 0 {
-			// Until the pod's own readings measure their noise, a change
-			// must stand out of the noisiest pod's the engine before
-			// measured: the typical pod's can be a third of a pod's whose
-			// cores are a small part of its node, and judged by it, the
-			// second reading after a restart read as a jump (a weight
-			// moved by 47% on CPU alone at 80% load). A restart's
-			// settled estimate, the calibration's split and the bar keep
-			// the typical noise: they stand for the Service's pods, and
-			// as wide as the noisiest pod's, a settled estimate could
-			// fall short of Learned and flip the balancer on a restart.
+		if len(st.coresResiduals) < e.params.memory() {
+			// Until the pod's own residuals measure their noise over a
+			// memory (as coresReadingVar's floor), a change must stand
+			// out of the noisiest pod's the engine before measured: the
+			// typical pod's can be a third of a pod's whose cores are a
+			// small part of its node, and judged by it, the second
+			// reading after a restart read as a jump (a weight moved by
+			// 47% on CPU alone at 80% load); judged by a spread of its
+			// first three or four residuals, often small by chance, the
+			// fifth did. A restart's settled estimate, the calibration's
+			// split and the bar keep the typical noise: they stand for
+			// the Service's pods, and as wide as the noisiest pod's, a
+			// settled estimate could fall short of Learned and flip the
+			// balancer on a restart.
 			r = max(r, e.coresNoiseMax*e.coresNoiseMax)
 		}
 		known, d := st.cores.known, x-st.cores.m

@@ -29,11 +29,13 @@ type Snapshot struct {
 	// readings of a pod before they measure its own. Written with the
 	// others, never a reason to write (see Similar).
 	CoresNoiseMax float64 `json:"coresNoiseMax,omitempty"`
-	// Spread is the typical uncertainty of the engine's capacity
-	// estimates (log scale): the median over the pods with an estimate of
-	// its standard deviation; 0 when no pod has one. A restart that finds
-	// the manager before still learning takes the live weights with it
-	// (SeedLearning).
+	// Spread is the uncertainty of the engine's least sure capacity
+	// estimate (log scale, its standard deviation, at most 1); 0 when no
+	// pod has one. A restart that finds the manager before still learning
+	// takes the live weights with it (SeedLearning): every pod as unsure
+	// as that one, for the live weights do not say which pods were unsure,
+	// and a typical pod's uncertainty given to the pods that kept the
+	// manager before from Learned would declare them learned.
 	Spread float64 `json:"spread,omitempty"`
 }
 
@@ -49,7 +51,10 @@ func (e *Engine) Snapshot() Snapshot {
 			spreads = append(spreads, math.Sqrt(spreadVariance(st.coresResiduals)))
 		}
 	}
-	cores, coresMax := 0.0, 0.0
+	// Until the pods measure their own (after a restart), the noises the
+	// engine before measured stand: reported as none, they were written
+	// over the persisted ones, and a second restart lost them.
+	cores, coresMax := e.coresNoise, e.coresNoiseMax
 	if len(spreads) > 0 {
 		cores, coresMax = boundNoise(median(spreads)), boundNoise(slices.Max(spreads))
 	}
@@ -65,7 +70,7 @@ func (e *Engine) Snapshot() Snapshot {
 	}
 	spread := 0.0
 	if len(sds) > 0 {
-		spread = min(median(sds), 1)
+		spread = min(slices.Max(sds), 1)
 	}
 	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds(), CoresNoise: cores, CoresNoiseMax: coresMax, Spread: spread}
 }
@@ -157,9 +162,9 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 
 // SeedLearning is SeedSettled for a manager that takes over from one
 // still learning: the live weights are that engine's estimates as far as
-// they had come, so they are calibrated as SeedSettled's are, with the
-// uncertainty it persisted (s.Spread) in place of a settled estimate's,
-// and the learning goes on from there. Seeded with the variance of knowing
+// they had come, so they are calibrated as SeedSettled's are, each with
+// the uncertainty of its least sure estimate (s.Spread) in place of a
+// settled estimate's, and the learning goes on from there. Seeded with the variance of knowing
 // nothing (Seed), the first cycle's readings replaced weights a few
 // percent off their targets: on CPU alone without CPU limits at 80-90%
 // load, restarts halfway through bench runs moved them by up to 103%. An s
