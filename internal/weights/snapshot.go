@@ -46,9 +46,17 @@ func (e *Engine) Snapshot() Snapshot {
 		return Snapshot{}
 	}
 	var spreads []float64
+	spread := 0.0 // the least sure capacity estimate's standard deviation
 	for _, st := range e.pods {
 		if st.cores.known && len(st.coresResiduals) >= 3 {
 			spreads = append(spreads, math.Sqrt(spreadVariance(st.coresResiduals)))
+		}
+		if st.speed.known {
+			v := st.speed.v
+			if st.cores.known {
+				v += st.cores.v
+			}
+			spread = max(spread, math.Sqrt(v))
 		}
 	}
 	// Until the pods measure their own (after a restart), the noises the
@@ -58,21 +66,7 @@ func (e *Engine) Snapshot() Snapshot {
 	if len(spreads) > 0 {
 		cores, coresMax = boundNoise(median(spreads)), boundNoise(slices.Max(spreads))
 	}
-	var sds []float64
-	for _, st := range e.pods {
-		if st.speed.known {
-			v := st.speed.v
-			if st.cores.known {
-				v += st.cores.v
-			}
-			sds = append(sds, math.Sqrt(v))
-		}
-	}
-	spread := 0.0
-	if len(sds) > 0 {
-		spread = min(slices.Max(sds), 1)
-	}
-	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds(), CoresNoise: cores, CoresNoiseMax: coresMax, Spread: spread}
+	return Snapshot{Noise: e.noise, NoiseCycles: e.noiseCycles, CycleSeconds: e.meanCycle.Seconds(), CoresNoise: cores, CoresNoiseMax: coresMax, Spread: min(spread, 1)}
 }
 
 // Valid reports whether s holds a measured noise in the engine's range
