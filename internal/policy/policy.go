@@ -315,8 +315,8 @@ func (p *Policy) OptIn(now time.Time, pods []weights.Pod, live map[string]uint32
 	case restart && snap.Valid() && verdict:
 		p.eng.SeedSettled(now, seed, snap)
 		p.restarted = true
-	case restart && snap.Valid() && liveWhy == ReasonLearning:
-		p.eng.SeedLearning(now, seed, snap)
+	case restart && liveWhy == ReasonLearning:
+		p.eng.SeedLearning(now, seed, snap) // Seed's without a valid snapshot
 	case restart:
 		p.eng.Restore(snap)
 		p.eng.Seed(now, seed)

@@ -162,10 +162,11 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 // nothing (Seed), the first cycle's readings replaced weights a few
 // percent off their targets: on CPU alone without CPU limits at 80-90%
 // load, restarts halfway through bench runs moved them by up to 103%. An s
-// without a Spread (persisted before it was measured) leaves Seed's.
+// invalid s, or one without a Spread (persisted before it was measured),
+// leaves Seed's.
 func (e *Engine) SeedLearning(now time.Time, w map[string]uint32, s Snapshot) {
 	e.Restore(s)
-	if !(s.Spread > 0) || math.IsInf(s.Spread, 0) {
+	if !s.Valid() || !(s.Spread > 0) || math.IsInf(s.Spread, 0) {
 		e.Seed(now, w)
 		return
 	}
