@@ -208,14 +208,19 @@ func TestNoiseOnOneSignalWritesNothing(t *testing.T) {
 // limit put the bound 10% below the speed, the filter took it as a change,
 // and the weights moved 1-59 times a run.
 //
-// Near full load with limits the target (no write) is not met: pods read
-// at their limit by chance, near the cap a few percent of capacity moves
-// the solver's answer steeply (at times the load's estimate passes the
-// cap), and some runs write a few times. Over 80 seeds at 85% and 90%
-// with limits, 160 runs, 138 write at most twice and 22 more often (225
-// writes in all). Judged per run on a few seeds, the test passed or failed
-// on which seeds they were; it judges the distribution: the typical run
-// writes nothing, and at most one run in eight writes more than twice.
+// Near full load with limits the target (no write) is not met. A pod at
+// 90% reads at its limit about one cycle in three, and the scale that
+// puts the readings in the estimates' units once came from the other
+// pods' readings alone, biased as fitScale's comment says: the
+// censored pods' filters backed off, and the weights moved and moved
+// back. Since the bounds count in the scale, over 80 seeds at 85% and 90%
+// with limits (160 runs) 125 write nothing, 30 once and 5 twice, 40
+// writes in all (before: 225, 22 runs more than twice, up to 16). The
+// writes left come from estimates that wander by their own noise over a
+// hundred cycles near the cap, where a few percent of capacity moves the
+// solver's answer steeply. Judged per run on a few seeds, the test
+// passed or failed on which seeds they were; it judges the distribution:
+// the typical run writes nothing, and none writes more than twice.
 func TestNoisyCPUAloneSettles(t *testing.T) {
 	var writes []int
 	most, mostWrites := "", -1 // the run that wrote most, and its first write
@@ -249,8 +254,8 @@ func TestNoisyCPUAloneSettles(t *testing.T) {
 		}
 	}
 	t.Logf("writes in 200 cycles after convergence, per run: %v; most: %s", writes, most)
-	if median := writes[len(writes)/2]; median > 0 || over > len(writes)/8 {
-		t.Errorf("median run wrote %d times in 200 cycles after convergence and %d of %d runs more than twice, want none and at most %d; most: %s", median, over, len(writes), len(writes)/8, most)
+	if median := writes[len(writes)/2]; median > 0 || over > 0 {
+		t.Errorf("median run wrote %d times in 200 cycles after convergence and %d of %d runs more than twice, want none and none; most: %s", median, over, len(writes), most)
 	}
 }
 

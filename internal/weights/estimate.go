@@ -327,9 +327,22 @@ func (e *Engine) typicalSpeed(set []Pod) *float64 {
 // fitScale finds the offset from this cycle's raw log units to the
 // estimates': the one that puts the most estimates inside their readings
 // (a median of the readings' ends), so that one pod that changed does not
-// move the others.
+// move the others. A censored reading's range is unbounded below: it
+// counts with both its ends, its bound and minus infinity. Left out, the
+// readings that set the scale were those of the pods not read at their
+// limit, and a pod near its limit is read there when its CPU reads high:
+// the ones left read it low, so its speed high, and the scale came out
+// high by up to a fifth (six pods at 90% load, ±20% on the CPU rate). A
+// censored pod's bound then stood that far under its estimate, its filter
+// backed off, the weights moved, and moved back a cycle later. A bound
+// counts only for a pod whose estimate holds a measurement (a narrow
+// reading since its last restart): one that rests on bounds alone, as
+// every overloaded pod's does at opt-in, says nothing of the scale, and
+// counted it slowed convergence from equal weights on CPU alone by up to
+// three cycles. Where every reading is a bound, the bounds alone set it.
 func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 	var ends, points []float64
+	bounds := 0
 	for i, pod := range set {
 		rd := c.pods[i]
 		if !rd.speed.ok {
@@ -337,15 +350,27 @@ func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 		}
 		points = append(points, (rd.speed.lo+rd.speed.hi)/2)
 		st := e.pods[pod.Name]
-		if st == nil || !st.speed.known || rd.speed.upper {
+		if st == nil || !st.speed.known {
+			continue
+		}
+		if rd.speed.upper {
+			if st.speed.n > 0 {
+				ends = append(ends, rd.speed.hi-st.speed.m)
+				bounds++
+			}
 			continue
 		}
 		ends = append(ends, rd.speed.lo-st.speed.m, rd.speed.hi-st.speed.m)
 	}
-	if len(ends) > 0 {
-		return median(ends)
+	if len(ends) == 0 {
+		return median(points)
 	}
-	return median(points)
+	if bounds < len(ends) { // some reading is not a bound
+		for range bounds {
+			ends = append(ends, math.Inf(-1))
+		}
+	}
+	return median(ends)
 }
 
 // cpuNoiseFloor raises the reading noise to what the CPU rate's own
