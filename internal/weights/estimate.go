@@ -327,19 +327,25 @@ func (e *Engine) typicalSpeed(set []Pod) *float64 {
 // fitScale finds the offset from this cycle's raw log units to the
 // estimates': the one that puts the most estimates inside their readings
 // (a median of the readings' ends), so that one pod that changed does not
-// move the others. A censored reading's range is unbounded below: it
-// counts with both its ends, its bound and minus infinity. Left out, the
-// readings that set the scale were those of the pods not read at their
-// limit, and a pod near its limit is read there when its CPU reads high:
-// the ones left read it low, so its speed high, and the scale came out
-// high by up to a fifth (six pods at 90% load, ±20% on the CPU rate). A
-// censored pod's bound then stood that far under its estimate, its filter
-// backed off, the weights moved, and moved back a cycle later. A bound
-// counts only for a pod whose estimate holds a measurement (a narrow
-// reading since its last restart): one that rests on bounds alone, as
-// every overloaded pod's does at opt-in, says nothing of the scale, and
+// move the others. A bound at a pod's CPU limit (the share over the
+// limit, see readSpeeds) is a range unbounded below: it counts with both
+// its ends, its bound and minus infinity. Left out, the readings that set
+// the scale were those of the pods not read at their limit, and a pod
+// near its limit is read there when its CPU reads high: the ones left
+// read it low, so its speed high, and the scale came out high by up to a
+// fifth (six pods at 90% load, ±20% on the CPU rate). A censored pod's
+// bound then stood that far under its estimate, its filter backed off,
+// the weights moved, and moved back a cycle later. The bound is the
+// limit's, exact whatever the CPU read; a pod without a limit is judged
+// against its node's idle CPU, and its bound is its own reading, flagged
+// because it read high: counted, it carries that selection into the
+// scale (at 95% load without limits, ±20% on the CPU rate, the writes
+// after convergence went from 17 to 114 in 40 runs), so it is left out.
+// A bound counts only for a pod whose estimate holds a measurement (a
+// narrow reading since its last restart): one that rests on bounds alone,
+// as every overloaded pod's does at opt-in, says nothing of the scale, and
 // counted it slowed convergence from equal weights on CPU alone by up to
-// three cycles. Where every reading is a bound, the bounds alone set it.
+// three cycles. Where every reading is a bound, the bounds set it.
 func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 	var ends, points []float64
 	bounds := 0
@@ -354,7 +360,7 @@ func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 			continue
 		}
 		if rd.speed.upper {
-			if st.speed.n > 0 {
+			if knownCores(pod) && st.speed.n > 0 {
 				ends = append(ends, rd.speed.hi-st.speed.m)
 				bounds++
 			}

@@ -570,25 +570,33 @@ func TestRestartJudgesCoresByTheNoisiestPod(t *testing.T) {
 	}
 }
 
-// A censored reading counts in the scale with both its ends: its bound
-// and minus infinity. Four pods read 0-15% above their estimates (their
-// CPU read low), two read at their limit with bounds 10% under theirs: the
-// scale is the median of all the ends, 2.5%, not the unbounded readings'
-// 7.5%, which would put the bounds 17.5% under their estimates. A bound
-// of a pod whose estimate rests on bounds alone (no narrow reading since
-// its last restart) says nothing of the scale and is left out; where
-// every reading is a bound, the bounds set it.
-func TestFitScaleCountsCensoredReadings(t *testing.T) {
-	scale := func(offsets []float64, bounds []float64, boundsMeasured bool) float64 {
+// A bound at a pod's CPU limit counts in the scale with both its ends:
+// the bound and minus infinity. Four pods read 0-15% above their
+// estimates (their CPU read low), two read at their limit with bounds 10%
+// under theirs: the scale is the median of all the ends, 2.5%, not the
+// unbounded readings' 7.5%, which would put the bounds 17.5% under their
+// estimates. A bound of a pod whose estimate rests on bounds alone (no
+// narrow reading since its last restart) says nothing of the scale and is
+// left out, as is a pod's without a limit (its bound is its own reading,
+// flagged because it read high); where every reading is a bound, the
+// bounds set it.
+func TestFitScaleCountsBoundsAtALimit(t *testing.T) {
+	scale := func(offsets []float64, bounds []float64, limited, measured bool) float64 {
 		e := New(DefaultParams())
 		var set []Pod
 		c := &cycleReadings{}
-		add := func(lo, hi float64, upper, measured bool) {
+		add := func(lo, hi float64, upper bool) {
 			name := fmt.Sprintf("pod-%d", len(set))
-			set = append(set, Pod{Name: name})
+			pod := Pod{Name: name}
+			if limited {
+				pod.Cores = 2
+			} else {
+				pod.CPURequest, pod.NodeCores = 1, 4
+			}
+			set = append(set, pod)
 			st := e.state(name)
 			st.speed.known, st.speed.m = true, 0.3*float64(len(set)%3) // the estimates differ; the readings are relative to them
-			if measured {
+			if !upper || measured {
 				st.speed.n = 5
 			}
 			var rd reading
@@ -597,25 +605,26 @@ func TestFitScaleCountsCensoredReadings(t *testing.T) {
 			c.pods = append(c.pods, rd)
 		}
 		for _, d := range offsets {
-			add(d, d, false, true)
+			add(d, d, false)
 		}
 		for _, b := range bounds {
-			add(math.Inf(-1), b, true, boundsMeasured)
+			add(b, b, true)
 		}
 		return e.fitScale(set, c)
 	}
 	readings, bounds := []float64{0, 0.05, 0.1, 0.15}, []float64{-0.1, -0.1}
 	for _, tc := range []struct {
-		name     string
-		readings []float64
-		measured bool
-		want     float64
+		name              string
+		readings          []float64
+		limited, measured bool
+		want              float64
 	}{
-		{"bounds of measured estimates count", readings, true, 0.025},
-		{"bounds of estimates from bounds alone do not", readings, false, 0.075},
-		{"every reading a bound", nil, true, -0.1},
+		{"bounds at a limit of measured estimates count", readings, true, true, 0.025},
+		{"bounds of estimates from bounds alone do not", readings, true, false, 0.075},
+		{"bounds of pods without a limit do not", readings, false, true, 0.075},
+		{"every reading a bound", nil, true, true, -0.1},
 	} {
-		if got := scale(tc.readings, bounds, tc.measured); math.Abs(got-tc.want) > 1e-12 {
+		if got := scale(tc.readings, bounds, tc.limited, tc.measured); math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("%s: scale %.4f, want %.4f", tc.name, got, tc.want)
 		}
 	}
