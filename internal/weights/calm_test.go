@@ -209,18 +209,18 @@ func TestNoiseOnOneSignalWritesNothing(t *testing.T) {
 // and the weights moved 1-59 times a run.
 //
 // Near full load with limits the target (no write) is not met. A pod at
-// 90% reads at its limit about one cycle in three, and the scale that
-// puts the readings in the estimates' units once came from the other
-// pods' readings alone, biased as fitScale's comment says: the
-// censored pods' filters backed off, and the weights moved and moved
-// back. Since the bounds count in the scale, over 80 seeds at 85% and 90%
-// with limits (160 runs) 125 write nothing, 30 once and 5 twice, 40
-// writes in all (before: 225, 22 runs more than twice, up to 16). The
-// writes left come from estimates that wander by their own noise over a
-// hundred cycles near the cap, where a few percent of capacity moves the
-// solver's answer steeply. Judged per run on a few seeds, the test
-// passed or failed on which seeds they were; it judges the distribution:
-// the typical run writes nothing, and none writes more than twice.
+// 90% reads at its limit about one cycle in three, and the scale that puts
+// the readings in the estimates' units came from the other pods' readings
+// alone, biased as fitScale's comment says: the censored pods' filters
+// backed off, and the weights moved and moved back. With the bounds at a
+// limit counted in the scale, over 80 seeds at 85% and 90% with limits
+// (160 runs) 125 write nothing, 30 once and 5 twice, 40 writes in all
+// (left out: 225, 22 runs more than twice, up to 16). The writes left come
+// from estimates that wander by their own noise over a hundred cycles near
+// the cap, where a few percent of capacity moves the solver's answer
+// steeply. Judged per run on a few seeds, the test passed or failed on
+// which seeds they were; it judges the distribution: the typical run
+// writes nothing, and none writes more than twice.
 func TestNoisyCPUAloneSettles(t *testing.T) {
 	var writes []int
 	most, mostWrites := "", -1 // the run that wrote most, and its first write
