@@ -46,7 +46,9 @@
 //     window has shown over the estimates' memory is taken from the CPU
 //     rate's own scatter (recent against window). A censored reading is a
 //     truncated update (Tobit), backing off below the bound by the gap it
-//     found.
+//     found. Each cycle's readings are put in the estimates' units by the
+//     offset that puts the most estimates inside their ranges (a median of
+//     the ends), a bound at a CPU limit counting as a range open below.
 //  3. decide (decide.go): one solver. Minimise sum x_i T_i(x_i) subject to
 //     sum x_i = load and x_i <= maxUtilisation mu_i, T_i the mean time of
 //     an M/M/c queue of the pod's cores and speed (Sakasegawa's
