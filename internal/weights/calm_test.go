@@ -219,7 +219,7 @@ func TestNoiseOnOneSignalWritesNothing(t *testing.T) {
 // from estimates that wander by their own noise over a hundred cycles near
 // the cap, where a few percent of capacity moves the solver's answer
 // steeply. Judged per run on a few seeds, the test passed or failed on
-// which seeds they were; it judges the distribution: the typical run
+// which seeds they were; it judges the runs together: the typical run
 // writes nothing, and none writes more than twice.
 func TestNoisyCPUAloneSettles(t *testing.T) {
 	var writes []int

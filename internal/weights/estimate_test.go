@@ -579,7 +579,7 @@ func TestRestartJudgesCoresByTheNoisiestPod(t *testing.T) {
 // narrow reading since its last restart) says nothing of the scale and is
 // left out, as is a pod's without a limit (its bound is its own reading,
 // flagged because it read high); where every reading is a bound, the
-// bounds set it.
+// bounds set it, and they do where they are as many as the readings.
 func TestFitScaleCountsBoundsAtALimit(t *testing.T) {
 	scale := func(offsets []float64, bounds []float64, limited, measured bool) float64 {
 		e := New(DefaultParams())
@@ -623,6 +623,8 @@ func TestFitScaleCountsBoundsAtALimit(t *testing.T) {
 		{"bounds of estimates from bounds alone do not", readings, true, false, 0.075},
 		{"bounds of pods without a limit do not", readings, false, true, 0.075},
 		{"every reading a bound", nil, true, true, -0.1},
+		// As many bounds as readings: the bounds set it (see fitScale).
+		{"bounds as many as the readings", []float64{0.1}, true, true, -0.1},
 	} {
 		if got := scale(tc.readings, bounds, tc.limited, tc.measured); math.Abs(got-tc.want) > 1e-12 {
 			t.Errorf("%s: scale %.4f, want %.4f", tc.name, got, tc.want)
