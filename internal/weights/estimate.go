@@ -327,30 +327,30 @@ func (e *Engine) typicalSpeed(set []Pod) *float64 {
 // fitScale finds the offset from this cycle's raw log units to the
 // estimates': the one that puts the most estimates inside their readings
 // (a median of the readings' ends), so that one pod that changed does not
-// move the others. A bound at a pod's CPU limit (the share over the
-// limit, see readSpeeds) says the reading, had the CPU not been clamped
-// to the limit, would lie at or below it: it counts with both its ends,
-// its bound and minus infinity, a vote below where the bound is below the
+// move the others. A bound at a pod's CPU limit (its share over the limit,
+// or over its CPU where that read between saturatedUse of the limit and
+// the limit; see readSpeeds) says the reading, had the CPU not been
+// clamped, would lie at or below it: it counts with both its ends, its
+// bound and minus infinity, a vote below where the bound is below the
 // median and none either way where it is above. Left out, the readings
-// that set the scale were those of the pods not read at their limit, and
-// a pod near its limit is read there when its CPU reads high: the ones
-// left read it low, so its speed high, and the scale came out high by up
-// to a fifth (six pods at 90% load, ±20% on the CPU rate). A censored
-// pod's bound then stood that far under its estimate, its filter backed
-// off, the weights moved, and moved back a cycle later.
+// that set the scale were those of the pods not read at their limit, and a
+// pod near its limit is read there when its CPU reads high: the ones left
+// read it low, so its speed high, and the scale came out high by up to a
+// fifth (six pods at 90% load, ±20% on the CPU rate). A censored pod's
+// bound then stood that far under its estimate, its filter backed off, the
+// weights moved, and moved back a cycle later.
 //
-// Two kinds of bound are left out. A pod without a limit is judged
-// against its node's idle CPU, and its bound is its own CPU reading,
-// flagged because it read high: counted, it carries that selection into
-// the scale (at 95% load without limits, ±20% on the CPU rate, the writes
-// after convergence went from 17 to 114 in 40 runs). A pod whose estimate
-// rests on bounds alone (n = 0: no narrow reading since it began or last
-// backed off),
-// as every overloaded pod's does at opt-in, says nothing of the scale:
-// counted, it slowed convergence from equal weights on CPU alone by up to
-// three cycles. Where every reading counted is a bound, the bounds set
-// it. The price: where the bounds are as many as the other readings, as
-// in a set of two or three pods, they set the scale, and a pod that
+// Two kinds of bound are left out. A pod without a limit is judged against
+// its node's idle CPU, and its bound is its own CPU reading, flagged
+// because it read high: counted, it carries that selection into the scale
+// (at 95% load without limits, ±20% on the CPU rate, the writes after
+// convergence went from 17 to 114 in 40 runs). A pod whose estimate rests
+// on bounds alone (n = 0: no narrow reading since it began or last backed
+// off), as every overloaded pod's does at opt-in, says nothing of the
+// scale: counted, it slowed convergence from equal weights on CPU alone by
+// up to three cycles. Where every reading counted is a bound, the bounds
+// set it. The price: where the bounds are as many as the other readings,
+// as in a set of two or three pods, they set the scale, and a pod that
 // changed moves the others' readings too. Over 27 runs of two or three
 // pods with limits at 60-90% load on CPU alone, following a slowdown of
 // one pod to a third and its recovery (each to within 7.5%, counted up to
