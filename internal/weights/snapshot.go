@@ -156,14 +156,14 @@ func (e *Engine) SeedSettled(now time.Time, w map[string]uint32, s Snapshot) {
 
 // SeedLearning is SeedSettled for a manager that takes over from one
 // still learning: the live weights are that engine's estimates as far as
-// they had come, so they are calibrated as SeedSettled's are, each with
-// the uncertainty of its least sure estimate (s.Spread) in place of a
-// settled estimate's, and the learning goes on from there. Seeded with the variance of knowing
-// nothing (Seed), the first cycle's readings replaced weights a few
-// percent off their targets: on CPU alone without CPU limits at 80-90%
-// load, restarts halfway through bench runs moved them by up to 103%. An s
-// invalid s, or one without a Spread (persisted before it was measured),
-// leaves Seed's.
+// they had come, so they are calibrated as SeedSettled's are, every pod
+// with the uncertainty of that engine's least sure estimate (s.Spread) in
+// place of a settled estimate's, and the learning goes on from there.
+// Seeded with the variance of knowing nothing (Seed), the first cycle's
+// readings replaced weights a few percent off their targets: on CPU alone
+// without CPU limits at 80-90% load, restarts halfway through bench runs
+// moved them by up to 103%. An invalid s, or one without a Spread
+// (persisted before it was measured), leaves Seed's.
 func (e *Engine) SeedLearning(now time.Time, w map[string]uint32, s Snapshot) {
 	e.Restore(s)
 	if !s.Valid() || !(s.Spread > 0) || math.IsInf(s.Spread, 0) {
