@@ -39,6 +39,9 @@ type Engine struct {
 	loadMoves []float64
 	// unmeasured counts the cycles since the noise was last measured.
 	unmeasured int
+	// lastReads: each pod's speed reading (the middle of its range, raw
+	// log units) at the last regular cycle that read it (see noteSteps).
+	lastReads map[string]float64
 	// coresNoise is the typical noise of a cores reading (log scale) the
 	// engine before this one measured (Snapshot.CoresNoise), for a pod
 	// whose own readings have not yet measured it, and coresNoiseMax the
@@ -128,6 +131,9 @@ type podState struct {
 	// recentRatios: the pod's last log(recent CPU / window CPU) while
 	// below its limit (see readRecentCPU).
 	recentRatios []float64
+	// readSteps: the pod's last moves of its speed reading between regular
+	// cycles, less the median pod's move (see noteSteps).
+	readSteps []float64
 	// served is the pod's request rate at the last regular cycle, 0 =
 	// none: what loadSpread compares this cycle's with.
 	served float64

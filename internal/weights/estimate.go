@@ -184,7 +184,8 @@ func sq(x float64) float64      { return x * x }
 func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 	e.markBlind(set, c)
 	scale := e.fitScale(set, c)
-	e.cpuNoiseFloor(set)
+	e.noteSteps(set, c, keepNoise)
+	e.noiseFloor(set)
 	r := e.noise * e.noise
 	countNoise(c, e.params.QueryWindow.Seconds(), r, e.speedNoiseUnmeasured())
 	var residuals []float64
@@ -234,7 +235,7 @@ func (e *Engine) estimate(set []Pod, c *cycleReadings, keepNoise bool) int {
 		// the distances of estimates still converging are not noise.
 		// The price is that while the weights move every cycle no
 		// reading is narrow, so a CPU rate far noisier than the 1% prior
-		// can go unmeasured: cpuNoiseFloor then takes it from the CPU's
+		// can go unmeasured: noiseFloor then takes it from the readings'
 		// own scatter. Judging no jump or CUSUM before the noise is
 		// measured would end that loop too, but the first readings'
 		// jumps are how CPU-alone estimates reach a pod's speed at
@@ -388,24 +389,65 @@ func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 	return median(ends)
 }
 
-// cpuNoiseFloor raises the reading noise to what the CPU rate's own
-// scatter shows when no cycle has measured it over the estimates' memory:
-// the windows never held a steady share (the weights moved every cycle),
-// and judged against a noise that low every reading looks like a change,
-// which moves the weights again. Each pod's recent CPU and its window's
-// are two draws of the rate's noise, so their log ratio varies by twice
-// its variance (and more where the load itself varies: an upper bound).
-func (e *Engine) cpuNoiseFloor(set []Pod) {
+// noteSteps records each pod's move of its speed reading since the last
+// regular cycle, less the median pod's move: a move every pod makes is the
+// load's or the units' (CPU alone reads shares per CPU), not a pod's. Both
+// readings are draws of the readings' noise, so a step varies by about
+// twice its variance whatever the weights did in between (a speed is a
+// rate per CPU, and both rates follow the share); less the median of n
+// pods' moves, by 2(1-1/n) of it. A bound is no reading, and a cycle whose
+// windows reach into a spell without data (keepNoise) reads nothing.
+func (e *Engine) noteSteps(set []Pod, c *cycleReadings, keepNoise bool) {
+	was := e.lastReads
+	e.lastReads = map[string]float64{}
+	if keepNoise {
+		return
+	}
+	var names []string
+	var moves []float64
+	for i, pod := range set {
+		rd := c.pods[i]
+		if !rd.speed.ok || rd.speed.upper {
+			continue
+		}
+		x := (rd.speed.lo + rd.speed.hi) / 2
+		e.lastReads[pod.Name] = x
+		if w, ok := was[pod.Name]; ok {
+			names, moves = append(names, pod.Name), append(moves, x-w)
+		}
+	}
+	if len(moves) < 3 {
+		return
+	}
+	m := median(moves)
+	for k, name := range names {
+		st := e.state(name)
+		st.readSteps = appendCapped(st.readSteps, moves[k]-m, e.params.memory())
+	}
+}
+
+// noiseFloor raises the reading noise to what the readings' own scatter
+// shows when no cycle has measured it over the estimates' memory: the
+// windows never held a steady share (the weights moved every cycle), and
+// judged against a noise that low every reading looks like a change, which
+// moves the weights again. Two scatters show it, each of two draws of the
+// noise, so each varies by about twice its variance (more where the load
+// itself varies: an upper bound), and the larger is taken: each pod's
+// recent CPU against its window's (the CPU rate's noise, with the recent
+// CPU queried), and each pod's speed reading against its last
+// (noteSteps: any signal's noise, with three pods or more).
+func (e *Engine) noiseFloor(set []Pod) {
 	if e.unmeasured < e.params.memory() {
 		return
 	}
-	var pooled []float64
+	var recent, steps []float64
 	for _, pod := range set {
 		if st := e.pods[pod.Name]; st != nil {
-			pooled = append(pooled, st.recentRatios...)
+			recent = append(recent, st.recentRatios...)
+			steps = append(steps, st.readSteps...)
 		}
 	}
-	if v := robustVariance(pooled); v > 0 {
+	if v := max(robustVariance(recent), robustVariance(steps)); v > 0 {
 		e.noise = boundNoise(max(e.noise, math.Sqrt(v/2)))
 	}
 }
