@@ -43,8 +43,9 @@
 //     persists (a CUSUM of innovations) or a jump restarts the filter
 //     with a wide variance, so the estimate moves fast, then settles to
 //     Smoothing per reading. A noise no steady
-//     window has shown over the estimates' memory is taken from the CPU
-//     rate's own scatter (recent against window). A censored reading is a
+//     window has shown over the estimates' memory is taken from the
+//     readings' own scatter (each pod's reading against its last, and
+//     its recent CPU against its window's). A censored reading is a
 //     truncated update (Tobit), backing off below the bound by the gap it
 //     found. Each cycle's readings are put in the estimates' units by the
 //     offset that puts the most estimates inside their ranges (a median of
