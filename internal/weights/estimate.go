@@ -506,7 +506,12 @@ func (e *Engine) updateCores(set []Pod, c *cycleReadings) {
 		x := math.Log(seen)
 		noise := e.coresReadingVar(st)
 		r := noise
-		if fromCeiling {
+		// A reading of the node's ceiling, or one clamped at it, carries
+		// the ceiling's noise (its node's CPU reading's), not a queue's:
+		// clamped readings judged by the queue readings' spread moved a
+		// fast pod's estimate by 5% a cycle toward a node that read busy
+		// by chance (±20% on the node CPU at 70% load).
+		if fromCeiling || bounded && seen >= rd.limit && rd.limit > 0 {
 			r = max(r, spreadVariance(st.ceilingResiduals))
 		}
 		settled := e.params.Smoothing * r
