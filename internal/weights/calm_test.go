@@ -286,8 +286,11 @@ func TestNoisyReadingsSettle(t *testing.T) {
 // Judged by the queue readings' spread, such a clamped reading moved a
 // fast pod's cores estimate by 5% a cycle, and the weights followed: over
 // these 24 runs, 5 writes in 4. It carries the ceiling's noise now, as a
-// reading of the ceiling itself does.
-func TestNoisyNodeCPUMovesNoCores(t *testing.T) {
+// reading of the ceiling itself does. At 80% load one run in 16 still
+// writes once: near full load a few percent of cores wandering within
+// their noise moves the solver's answer steeply (see
+// TestNoisyReadingsSettle), which this test does not judge.
+func TestNoisyNodeCPUWritesNothing(t *testing.T) {
 	writes := 0
 	for _, load := range []float64{0.5, 0.7} {
 		for seed := range uint64(12) {

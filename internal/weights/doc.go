@@ -36,8 +36,9 @@
 //     (and one over log cores for a pod without a limit): a mean and a
 //     variance. The readings' noise is measured from the residuals (for
 //     cores, their spread, so an estimate that is off is not taken for
-//     noise, and a reading of the node's idle CPU by that reading's own
-//     spread too, which carries the neighbours' noise); a speed read from
+//     noise, and a reading of the node's idle CPU, or one clamped at it,
+//     by that reading's own spread too, which carries the neighbours'
+//     noise); a speed read from
 //     request rates on fewer requests than the median pod's adds the
 //     count noise of the difference (1/n for exponential work); a change that
 //     persists (a CUSUM of innovations) or a jump restarts the filter

@@ -88,6 +88,9 @@ type cycleReadings struct {
 	// noData lists the pods without CPU data; newData those with data
 	// over part of the window only (see noteDataGaps).
 	noData, newData []string
+	// loadMove is how far the Service's rate moved within the window,
+	// relative (see loadSpread); 0 for none beyond the noise.
+	loadMove float64
 }
 
 // saturatedUse is the share of its CPU limit above which a pod counts as

@@ -63,6 +63,7 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	if !gap && !obs.Early {
 		loadMove = e.loadSpread(now, set, &c)
 	}
+	c.loadMove = loadMove
 	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid, loadMove)
 	readCores(set, &c, e.noise, loadMove)
 	// Traffic follows the weights under ROUND_ROBIN over the engine's own
