@@ -631,3 +631,38 @@ func TestFitScaleCountsBoundsAtALimit(t *testing.T) {
 		}
 	}
 }
+
+// A cores reading clamped at a no-limit pod's node ceiling is marked so
+// (updateCores judges it by the ceiling's noise), and one clamped at the
+// pod's CPU request or node size is not: a request above the ceiling
+// (a pod using less than its request on a busy node) is a floor the
+// reading is held to, not the node's noisy figure.
+func TestCoresClampedAtTheCeiling(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		request   float64
+		node      float64
+		limit     float64 // the ceiling: the pod's CPU plus its share of the node's idle CPU
+		want      float64
+		atCeiling bool
+	}{
+		{"clamped at the ceiling", 2, 9, 3.5, 3.5, true},
+		{"held at a request above the ceiling", 4, 9, 3.5, 4, false},
+		{"clamped at the node's size, no ceiling read", 2, 5, 0, 5, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := Pod{Name: "a", CPURequest: tc.request, NodeCores: tc.node}
+			cpu, requests := 3.0, 300.0
+			c := cycleReadings{pods: []reading{{
+				cpu: cpu, hasCPU: true, requests: requests, hasRequests: true,
+				latency: cpu / requests * 1.001, hasLatency: true, // no queue to speak of
+				shareOK: true, shareLo: 0.5, shareHi: 0.5, limit: tc.limit,
+			}}}
+			readCores([]Pod{pod}, &c, 0.01)
+			r := c.pods[0]
+			if r.cores != tc.want || r.coresAtCeiling != tc.atCeiling || !r.coresBounded {
+				t.Errorf("cores %v, at the ceiling %v, bounded %v; want %v, %v, true", r.cores, r.coresAtCeiling, r.coresBounded, tc.want, tc.atCeiling)
+			}
+		})
+	}
+}

@@ -63,6 +63,9 @@ type reading struct {
 	// the noise shows), which the latency only says the cores reach.
 	cores        float64
 	coresBounded bool
+	// coresAtCeiling: cores was clamped at limit, the node's ceiling (see
+	// readCores), not at the pod's request or node size.
+	coresAtCeiling bool
 	// backlog is the requests queued at the pod beyond its usual queue,
 	// as measured this cycle; capRate the requests per second it can
 	// serve (0 = unknown).
@@ -299,10 +302,10 @@ func ceilings(set []Pod, pods []reading) {
 // (with CPU alone) a window reaching back before the engine's weights
 // were live.
 //
-// loadMove is how far the Service's own rate moved within the window,
-// relative (see loadSpread): it misaligns the two rates' scrapes as a
-// change of the pod's share does.
-func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []segment, cpuWindowsValid bool, loadMove float64) {
+// The Service's own rate moving within the window (c.loadMove, see
+// loadSpread) misaligns the two rates' scrapes as a change of the pod's
+// share does.
+func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []segment, cpuWindowsValid bool) {
 	windows := rateWindows(p, segs)
 	misalignment := p.misalignment()
 	for i, pod := range set {
@@ -324,7 +327,7 @@ func readSpeeds(p Params, now time.Time, set []Pod, c *cycleReadings, segs []seg
 				cpu = r.windowCPU
 			}
 			perCPU := r.requests / cpu
-			spread := (r.shareHi/r.shareLo*(1+loadMove) - 1) * misalignment
+			spread := (r.shareHi/r.shareLo*(1+c.loadMove) - 1) * misalignment
 			if r.saturated && !(r.windowCPU > 0) {
 				spread = 0 // busy all the time: serves at its speed however the rates align
 			}
@@ -429,7 +432,7 @@ func warming(p Params, pod Pod, now time.Time) bool {
 }
 
 // readCores solves, for every pod without a limit with latency data over a
-// window of steady traffic (its share and the Service's load, loadMove,
+// window of steady traffic (its share and the Service's load, c.loadMove,
 // held; it did not reach its limit within it), the cores its queue shows: with u busy cores, s =
 // u/requests CPU-seconds per request and mean latency L, the wait over the
 // service time (L-s)/s is what an M/M/c queue of c cores shows at u busy
@@ -437,13 +440,13 @@ func warming(p Params, pod Pod, now time.Time) bool {
 // service time only says the pod has at least the cores that would show
 // that much: the latency and CPU series are scraped apart, and cannot tell
 // less from noise.
-func readCores(set []Pod, c *cycleReadings, noise, loadMove float64) {
+func readCores(set []Pod, c *cycleReadings, noise float64) {
 	for i, pod := range set {
 		r := &c.pods[i]
 		if knownCores(pod) || !r.hasCPU || r.cpu <= 0 || !r.hasRequests || r.requests <= 0 || !r.hasLatency || !r.shareOK {
 			continue
 		}
-		if math.Log(r.shareHi/r.shareLo*(1+loadMove)) > max(noise, minNoise()) || r.windowCPU > 0 {
+		if math.Log(r.shareHi/r.shareLo*(1+c.loadMove)) > max(noise, minNoise()) || r.windowCPU > 0 {
 			continue // the load changed within the window: its mean wait says little
 		}
 		lo, hi := coresBounds(pod)
@@ -461,6 +464,7 @@ func readCores(set []Pod, c *cycleReadings, noise, loadMove float64) {
 		seen := coresForWait(r.cpu, max(wait, floor), hi)
 		r.cores = min(max(seen, lo), hi)
 		r.coresBounded = wait <= floor || seen >= hi || seen <= lo
+		r.coresAtCeiling = seen >= hi && r.limit > 0 && hi == r.limit
 	}
 }
 

@@ -59,13 +59,11 @@ func (e *Engine) Update(pods []Pod, obs Observation) Result {
 	// estimate step below skips it): the load's move is read between
 	// regular cycles only.
 	gap := !e.recoveredAt.IsZero() && now.Sub(e.recoveredAt) < e.params.horizon()
-	loadMove := 0.0
 	if !gap && !obs.Early {
-		loadMove = e.loadSpread(now, set, &c)
+		c.loadMove = e.loadSpread(now, set, &c)
 	}
-	c.loadMove = loadMove
-	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid, loadMove)
-	readCores(set, &c, e.noise, loadMove)
+	readSpeeds(e.params, now, set, &c, segs, cpuWindowsValid)
+	readCores(set, &c, e.noise)
 	// Traffic follows the weights under ROUND_ROBIN over the engine's own
 	// live weights. A caller that does not say which balancer ran is taken
 	// to run the operator's default: LEAST_REQUEST until a result is
