@@ -1,6 +1,7 @@
 package weights
 
 import (
+	"cmp"
 	"maps"
 	"math"
 	"slices"
@@ -435,13 +436,38 @@ func (e *Engine) noteSteps(set []Pod, c *cycleReadings, keepNoise bool) {
 	if len(moves) < 3 || c.loadMove > 0 {
 		return
 	}
-	others := len(moves) - 1
-	scale := math.Sqrt(1 + math.Pi/(2*float64(others)))
-	for k, name := range names {
-		rest := slices.Concat(moves[:k], moves[k+1:]) // median reorders its argument
-		st := e.state(name)
-		st.readSteps = appendCapped(st.readSteps, (moves[k]-median(rest))/scale, e.params.memory())
+	scale := math.Sqrt(1 + math.Pi/(2*float64(len(moves)-1)))
+	for k, m := range mediansWithout(moves) {
+		st := e.state(names[k])
+		st.readSteps = appendCapped(st.readSteps, (moves[k]-m)/scale, e.params.memory())
 	}
+}
+
+// mediansWithout returns, for each of xs, the median of the others (xs has
+// at least two), sorting once: the others' j-th smallest is the j-th of
+// the sorted values below the left-out one's place, the next one from it.
+func mediansWithout(xs []float64) []float64 {
+	order := make([]int, len(xs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(xs[a], xs[b]) })
+	out := make([]float64, len(xs))
+	m := len(xs) - 1
+	for place, i := range order {
+		nth := func(j int) float64 {
+			if j >= place {
+				j++
+			}
+			return xs[order[j]]
+		}
+		if m%2 == 1 {
+			out[i] = nth(m / 2)
+		} else {
+			out[i] = (nth(m/2-1) + nth(m/2)) / 2
+		}
+	}
+	return out
 }
 
 // noiseFloor raises the reading noise to what the readings' own scatter

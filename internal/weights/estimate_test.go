@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -664,5 +665,26 @@ func TestCoresClampedAtTheCeiling(t *testing.T) {
 				t.Errorf("cores %v, at the ceiling %v, bounded %v; want %v, %v, true", r.cores, r.coresAtCeiling, r.coresBounded, tc.want, tc.atCeiling)
 			}
 		})
+	}
+}
+
+// mediansWithout gives each value the median of the others, as leaving it
+// out and taking the median would, for odd and even counts and ties.
+func TestMediansWithout(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for n := 2; n <= 9; n++ {
+		for range 50 {
+			xs := make([]float64, n)
+			for i := range xs {
+				xs[i] = float64(rng.IntN(5)) // ties often
+			}
+			got := mediansWithout(xs)
+			for i := range xs {
+				want := median(slices.Concat(xs[:i], xs[i+1:]))
+				if got[i] != want {
+					t.Fatalf("%v without %d: %v, want %v", xs, i, got[i], want)
+				}
+			}
+		}
 	}
 }
