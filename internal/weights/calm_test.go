@@ -279,6 +279,43 @@ func TestNoisyReadingsSettle(t *testing.T) {
 	}
 }
 
+// The readings' steps are what noiseFloor reads once the noise has gone
+// unmeasured for a memory of cycles; while a cycle measures it they are
+// not taken (the steps' medians sort every pod). Converged with ±5% on
+// the CPU, every cycle measures the noise and takes none; CPU alone with
+// a noisy CPU and no recent CPU goes unmeasured while the weights move,
+// and takes them.
+func TestStepsOnlyWhileTheNoiseIsUnmeasured(t *testing.T) {
+	steps := func(s *service) map[string][]float64 {
+		out := map[string][]float64{}
+		for name, st := range s.e.pods {
+			out[name] = slices.Clone(st.readSteps)
+		}
+		return out
+	}
+	calm := newService(t, true, 0.8, 1)
+	calm.noisy, calm.noise = "cpu", 0.05
+	calm.converge(100)
+	before := steps(calm)
+	calm.converge(100)
+	if after := steps(calm); calm.e.unmeasured > 0 || !maps.EqualFunc(before, after, slices.Equal) {
+		t.Errorf("±5%% on the CPU: the noise unmeasured for %d cycles, steps taken in 100 cycles (before %v, after %v); want none", calm.e.unmeasured, before, after)
+	}
+	noisy := newService(t, true, 0.9, 1)
+	noisy.off["requests"] = true
+	noisy.noisy, noisy.noise = "cpu", 0.2
+	taken := false
+	for range 200 {
+		noisy.step()
+		for _, st := range noisy.e.pods {
+			taken = taken || len(st.readSteps) > 0
+		}
+	}
+	if !taken {
+		t.Errorf("CPU alone, ±20%% on the CPU, no recent CPU: no steps taken in 200 cycles (the noise floor has nothing to read)")
+	}
+}
+
 // A pod without a limit can use its own CPU plus its share of what its
 // node leaves idle, read from the node's CPU. With ±20% on the node's CPU
 // that ceiling scatters by 12-19% (log) while the cores a pod's queue shows
