@@ -414,8 +414,8 @@ func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 // the cycles noiseFloor reads them after: a measured noise needs no floor,
 // and the steps' leave-one-out medians are the cycle's one sort of every
 // pod. Those of an earlier unmeasured spell are kept (dropped at each
-// measurement, CPU alone at 90-95% with limits wrote 15 times in 24 runs
-// instead of 12).
+// measurement, CPU alone without the recent CPU at 90-95% with limits
+// wrote 15 times in 24 runs instead of 12).
 func (e *Engine) noteSteps(set []Pod, c *cycleReadings, keepNoise bool) {
 	was := e.lastReads
 	e.lastReads = map[string]float64{}
