@@ -398,30 +398,35 @@ func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 // did in between, and a move varies by twice its variance; less a median
 // of m other moves, by about 1+π/(2m) times that (a sample median's
 // variance, π/2 of a mean's; less for a few pods). Each step is stored
-// scaled to twice the noise's variance. Where consecutive windows share
-// samples their errors share them too and the steps read the noise low
-// (by the overlap's share of its variance, a half at a 30 s cycle over a
-// 1 m window): a floor, which a measurement replaces. Taken as that much
-// higher (the windows' overlap as overlapInflation models it), the floor
-// stood above the noise where the errors do not share samples, and on CPU
-// alone at 90% with limits and ±20% on the CPU rate the writes after
-// convergence went from 1 to 5 in 12 runs. A bound is no reading, nor is
-// a blind pod's (estimate skips
-// it); a cycle whose windows reach into a spell without data (keepNoise)
-// reads nothing, and one in which the Service's rate moved (loadMove) reads
-// no step: its ranges already carry the rates' misalignment, which a step
-// would count again. Steps are taken only while the noise goes unmeasured,
-// the cycles noiseFloor reads them after: a measured noise needs no floor,
-// and the steps' leave-one-out medians are the cycle's one sort of every
-// pod. Those of an earlier unmeasured spell are kept (dropped at each
+// scaled to twice the noise's variance.
+//
+// Where consecutive windows share samples their errors share them too,
+// and the steps read the noise low (by the overlap's share of its
+// variance, a half at a 30 s cycle over a 1 m window): a floor, which a
+// measurement replaces. Taken as that much higher (the windows' overlap
+// as overlapInflation models it), the floor stood above the noise where
+// the errors do not share samples, and on CPU alone at 90% with limits
+// and ±20% on the CPU rate the writes after convergence went from 1 to 5
+// in 12 runs.
+//
+// A bound is no reading, nor is a blind pod's (estimate skips it). A cycle
+// whose windows reach into a spell without data (keepNoise) reads nothing;
+// one in which the Service's rate moved (loadMove) takes no step, for its
+// ranges already carry the rates' misalignment, which a step would count
+// again. Steps are taken only while the noise goes unmeasured, the cycles
+// noiseFloor reads them after: a measured noise needs no floor, and the
+// steps' leave-one-out medians are the cycle's one sort of every pod.
+// Those of an earlier unmeasured spell are kept (dropped at each
 // measurement, CPU alone without the recent CPU at 90-95% with limits
-// wrote 15 times in 24 runs instead of 12).
+// wrote 15 times in 24 runs instead of 12). The readings are kept every
+// cycle, for the first unmeasured one to step from.
 func (e *Engine) noteSteps(set []Pod, c *cycleReadings, keepNoise bool) {
 	was := e.lastReads
 	e.lastReads = map[string]float64{}
 	if keepNoise {
 		return
 	}
+	take := e.unmeasured > 0 && !(c.loadMove > 0)
 	var names []string
 	var moves []float64
 	for i, pod := range set {
@@ -434,11 +439,11 @@ func (e *Engine) noteSteps(set []Pod, c *cycleReadings, keepNoise bool) {
 			continue
 		}
 		e.lastReads[pod.Name] = x
-		if w, ok := was[pod.Name]; ok {
+		if w, ok := was[pod.Name]; ok && take {
 			names, moves = append(names, pod.Name), append(moves, x-w)
 		}
 	}
-	if len(moves) < 3 || c.loadMove > 0 || e.unmeasured == 0 {
+	if len(moves) < 3 {
 		return
 	}
 	scale := math.Sqrt(1 + math.Pi/(2*float64(len(moves)-1)))
