@@ -243,6 +243,7 @@ a failed test. The kinds seen so far:
   Service runs capacity shares under ` + "`LEAST_REQUEST`" + ` (` + "`AtCapacity`" + `) where
   the best static weights fill many-core pods fuller
   ([troubleshooting.md](troubleshooting.md), "` + "`AtCapacity`" + ` for minutes
-  after opting in").
+  after opting in"); further under the cap, the same estimate makes the
+  weights lean too little for those minutes.
 
 `
