@@ -419,14 +419,19 @@ func (e *Engine) fitScale(set []Pod, c *cycleReadings) float64 {
 // Those of an earlier unmeasured spell are kept (dropped at each
 // measurement, CPU alone without the recent CPU at 90-95% with limits
 // wrote 15 times in 24 runs instead of 12). The readings are kept every
-// cycle, for the first unmeasured one to step from.
+// cycle, for the first unmeasured one to step from: in place, except in
+// the cycles that step from them.
 func (e *Engine) noteSteps(set []Pod, c *cycleReadings, keepNoise bool) {
+	take := !keepNoise && e.unmeasured > 0 && !(c.loadMove > 0)
 	was := e.lastReads
-	e.lastReads = map[string]float64{}
+	if take || was == nil {
+		e.lastReads = make(map[string]float64, len(set))
+	} else {
+		clear(e.lastReads) // the last readings are read only to step from
+	}
 	if keepNoise {
 		return
 	}
-	take := e.unmeasured > 0 && !(c.loadMove > 0)
 	var names []string
 	var moves []float64
 	for i, pod := range set {
@@ -439,7 +444,10 @@ func (e *Engine) noteSteps(set []Pod, c *cycleReadings, keepNoise bool) {
 			continue
 		}
 		e.lastReads[pod.Name] = x
-		if w, ok := was[pod.Name]; ok && take {
+		if !take {
+			continue
+		}
+		if w, ok := was[pod.Name]; ok {
 			names, moves = append(names, pod.Name), append(moves, x-w)
 		}
 	}
