@@ -284,12 +284,16 @@ func TestNoisyReadingsSettle(t *testing.T) {
 // not taken (the steps' medians sort every pod). Converged with ±5% on
 // the CPU, every cycle measures the noise and takes none; CPU alone with
 // a noisy CPU and no recent CPU goes unmeasured while the weights move,
-// and takes them.
+// and takes them then, and in no cycle that follows one that measured the
+// noise (170 of the 200 here: taking steps every cycle, 150 cycles took
+// them and this half failed as well as the first).
 func TestStepsOnlyWhileTheNoiseIsUnmeasured(t *testing.T) {
 	steps := func(s *service) map[string][]float64 {
 		out := map[string][]float64{}
 		for name, st := range s.e.pods {
-			out[name] = slices.Clone(st.readSteps)
+			if len(st.readSteps) > 0 {
+				out[name] = slices.Clone(st.readSteps)
+			}
 		}
 		return out
 	}
@@ -304,15 +308,27 @@ func TestStepsOnlyWhileTheNoiseIsUnmeasured(t *testing.T) {
 	noisy := newService(t, true, 0.9, 1)
 	noisy.off["requests"] = true
 	noisy.noisy, noisy.noise = "cpu", 0.2
-	taken := false
-	for range 200 {
+	taken, measured := 0, 0
+	for k := range 200 {
+		unmeasured, before := noisy.e.unmeasured, steps(noisy)
+		if unmeasured == 0 {
+			measured++
+		}
 		noisy.step()
-		for _, st := range noisy.e.pods {
-			taken = taken || len(st.readSteps) > 0
+		if maps.EqualFunc(before, steps(noisy), slices.Equal) {
+			continue
+		}
+		taken++
+		if unmeasured == 0 {
+			t.Errorf("CPU alone, ±20%% on the CPU, no recent CPU: cycle %d took steps though the cycle before it measured the noise", k+1)
 		}
 	}
-	if !taken {
+	t.Logf("CPU alone, ±20%% on the CPU: steps taken in %d of 200 cycles; %d cycles followed one that measured the noise", taken, measured)
+	if taken == 0 {
 		t.Errorf("CPU alone, ±20%% on the CPU, no recent CPU: no steps taken in 200 cycles (the noise floor has nothing to read)")
+	}
+	if measured == 0 {
+		t.Errorf("CPU alone, ±20%% on the CPU, no recent CPU: no cycle measured the noise, so nothing shows the steps stop once one does")
 	}
 }
 
