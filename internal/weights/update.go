@@ -368,6 +368,20 @@ func (e *Engine) calibrateTo(now time.Time, set []Pod, ref map[string]uint32, c 
 			// engine's) is no gap a step closes, and stepping on it
 			// drifted the speed by up to a factor of 2.5 over the rounds.
 			atFloor := ps[i] <= floor*(1+1e-9)
+			if atFloor && shown[i] && prev[i] != 0 {
+				// Stepped onto the floor from above it: the solved share
+				// is flat below the speed at which it reaches the floor,
+				// so the share bounds the speed and measures no gap. Taken
+				// as a gap of the last one's size, of the sign of a speed
+				// too low, the steps bisect for the speed at which the
+				// share leaves the floor. Taken as measured, a step that
+				// overshot stayed where it landed: below 30% load a share
+				// moves by twice the speed or more, a full step overshoots
+				// as much, and a pod at the floor was left at a sixth of
+				// its speed, which its next reading undid (a write in the
+				// second cycle after a restart).
+				gap = math.Abs(prev[i])
+			}
 			shownLast[i] = !atFloor
 			shown[i] = shown[i] || !atFloor
 			if atFloor && gap <= 0 {
