@@ -174,6 +174,19 @@ func (s *service) converge(n int) {
 	s.writes = 0
 }
 
+// restartSettled replaces the engine with a new one seeded from the old
+// one's snapshot and the live weights, as the operator seeds it after a
+// restart; the test fails, naming the run (what), without a valid snapshot.
+func (s *service) restartSettled(what string) {
+	s.t.Helper()
+	snap := s.e.Snapshot()
+	if !snap.Valid() {
+		s.t.Fatalf("%s: no snapshot after convergence: %+v", what, snap)
+	}
+	s.e = New(DefaultParams())
+	s.e.SeedSettled(s.now, s.live, snap)
+}
+
 // Noise of ±20% on any one signal, the others steady, writes nothing once
 // the weights have converged.
 func TestNoiseOnOneSignalWritesNothing(t *testing.T) {
@@ -452,12 +465,7 @@ func TestRestartWritesNothingAtAnyLoad(t *testing.T) {
 					s := newService(t, limited, load, seed)
 					s.noisy, s.noise, s.recentCPU = n.signal, n.noise, seed%2 == 0
 					s.converge(200)
-					snap := s.e.Snapshot()
-					if !snap.Valid() {
-						t.Fatalf("limits %v load %v %s ±%v seed %d: no snapshot after 200 cycles", limited, load, n.signal, n.noise, seed)
-					}
-					s.e = New(DefaultParams())
-					s.e.SeedSettled(s.now, s.live, snap)
+					s.restartSettled(fmt.Sprintf("limits %v load %v %s ±%v seed %d", limited, load, n.signal, n.noise, seed))
 					for k := range 5 {
 						if res := s.step(); res.Changed {
 							wrote++
@@ -488,9 +496,7 @@ func TestRestartWithAPodWithoutDataWritesNothing(t *testing.T) {
 					s := newService(t, limited, load, seed)
 					s.noisy, s.noise = "cpu", noise
 					s.converge(200)
-					snap := s.e.Snapshot()
-					s.e = New(DefaultParams())
-					s.e.SeedSettled(s.now, s.live, snap)
+					s.restartSettled(fmt.Sprintf("limits %v load %v ±%v seed %d", limited, load, noise, seed))
 					s.now = s.now.Add(30 * time.Second)
 					obs := s.observe(1)
 					delete(obs.Signals, s.pods[2].Name)
@@ -1008,12 +1014,7 @@ func TestRestartWithPodsAtTheFloorWritesNothing(t *testing.T) {
 			s.off["requests"] = true
 			s.noisy, s.noise = "cpu", 0.1
 			s.converge(200)
-			snap := s.e.Snapshot()
-			if !snap.Valid() {
-				t.Fatalf("load %v seed %d: no snapshot after 200 cycles", load, seed)
-			}
-			s.e = New(DefaultParams())
-			s.e.SeedSettled(s.now, s.live, snap)
+			s.restartSettled(fmt.Sprintf("load %v seed %d", load, seed))
 			runs++
 			s.speed[2] *= 1.6
 			res := s.step()
