@@ -49,11 +49,17 @@ type service struct {
 	rrSince  time.Time
 }
 
+// newService is six pods of 2, 4 and 8 cores, two speeds each, at load.
 func newService(t *testing.T, limited bool, load float64, seed uint64) *service {
+	return newServiceOf(t, limited, load, seed, []float64{2, 2, 4, 4, 8, 8}, []float64{10, 6, 10, 6, 10, 6})
+}
+
+// newServiceOf is a Service of one pod per entry of cores and speed, on
+// nodes of their own, sent load times their capacity, under equal weights.
+func newServiceOf(t *testing.T, limited bool, load float64, seed uint64, cores, speed []float64) *service {
 	s := &service{t: t, e: New(DefaultParams()), now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		off: map[string]bool{}, rng: rand.New(rand.NewPCG(seed, 1)), limited: limited}
-	s.cores = []float64{2, 2, 4, 4, 8, 8}
-	s.speed = []float64{10, 6, 10, 6, 10, 6}
+	s.cores, s.speed = cores, speed
 	capacity := 0.0
 	for i := range s.cores {
 		pod := Pod{Name: fmt.Sprintf("pod-%d", i), Locality: "r/z/s", Node: fmt.Sprintf("node-%d", i)}
@@ -322,15 +328,18 @@ func TestStepsOnlyWhileTheNoiseIsUnmeasured(t *testing.T) {
 	noisy.off["requests"] = true
 	noisy.noisy, noisy.noise = "cpu", 0.2
 	taken, measured := 0, 0
+	before = steps(noisy)
 	for k := range 200 {
-		unmeasured, before := noisy.e.unmeasured, steps(noisy)
+		unmeasured := noisy.e.unmeasured
 		if unmeasured == 0 {
 			measured++
 		}
 		noisy.step()
-		if maps.EqualFunc(before, steps(noisy), slices.Equal) {
+		after := steps(noisy)
+		if maps.EqualFunc(before, after, slices.Equal) {
 			continue
 		}
+		before = after
 		taken++
 		if unmeasured == 0 {
 			t.Errorf("CPU alone, ±20%% on the CPU, no recent CPU: cycle %d took steps though the cycle before it measured the noise", k+1)
@@ -1002,15 +1011,7 @@ func TestRestartWithPodsAtTheFloorWritesNothing(t *testing.T) {
 	wrote, runs := 0, 0
 	for _, load := range []float64{0.15, 0.2, 0.25} {
 		for seed := range uint64(8) {
-			s := newService(t, true, load, seed)
-			s.cores = []float64{2, 2, 2, 2, 2, 2}
-			s.speed = []float64{10, 10, 6, 6, 3.5, 3.5}
-			capacity := 0.0
-			for i := range s.pods {
-				s.pods[i].Cores = s.cores[i]
-				capacity += s.cores[i] * s.speed[i]
-			}
-			s.rate = load * capacity
+			s := newServiceOf(t, true, load, seed, []float64{2, 2, 2, 2, 2, 2}, []float64{10, 10, 6, 6, 3.5, 3.5})
 			s.off["requests"] = true
 			s.noisy, s.noise = "cpu", 0.1
 			s.converge(200)
